@@ -1,0 +1,131 @@
+"""Portable pure-JAX backend: the CPU lowering, and `backend="xla"` on any platform.
+
+Rows are cut into tiles of `tile_m` rows. A work item is one (group, row tile) pair whose rows overlap; there
+are at most cdiv(M, tile_m) + G - 1 of them (megablox's schedule), so the FLOPs stay near 2*M*K*N rather than
+the G-fold dense product of `jax.lax.ragged_dot`. A `lax.scan` over the work items does one dense dot per
+item and writes (gmm) or accumulates (tgmm) only the rows of the item's group.
+
+`bounds` (G + 1,) int32, sanitised by the caller: rows of local group g are [bounds[g], bounds[g + 1]), with
+0 <= bounds[0] <= ... <= bounds[G] <= M.
+"""
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jgmm import activations
+
+_F32 = jnp.float32
+
+
+def _tile_m(m, num_groups, config):
+  if config is not None:
+    return config.block_m
+  rows_per_group = max(1, -(-m // num_groups))
+  return min(128, max(16, 1 << (rows_per_group - 1).bit_length()))
+
+
+def _work_items(bounds, m, tile_m):
+  """(group, row tile, valid) of each work item, padded to the static bound cdiv(m, tile_m) + G - 1."""
+  num_groups = bounds.shape[0] - 1
+  starts, ends = bounds[:-1], bounds[1:]
+  first_tile = starts // tile_m
+  counts = jnp.where(ends > starts, (ends - 1) // tile_m - first_tile + 1, 0)
+  offsets = jnp.cumsum(counts)
+  num_items = -(-m // tile_m) + num_groups - 1
+  item = jnp.arange(num_items, dtype=jnp.int32)
+  group = jnp.searchsorted(offsets, item, side="right").astype(jnp.int32)
+  valid = group < num_groups
+  group = jnp.minimum(group, num_groups - 1)
+  tile = first_tile[group] + item - (offsets[group] - counts[group])
+  return group, jnp.where(valid, tile, 0), valid
+
+
+def _pad_rows(x, rows, axis=0):
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, rows - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def _dot(x, y, contract, batch=((), ())):
+  precision = lax.Precision.HIGHEST if x.dtype == _F32 else None
+  return lax.dot_general(x, y, (contract, batch), precision=precision, preferred_element_type=_F32)
+
+
+def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation,
+        save_preactivation, config):
+  """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out); see module docstring."""
+  m, _ = lhs.shape
+  num_groups = rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  out_n = n // 2 if activation == "swiglu" else n
+  out = jnp.zeros((m, out_n), out_dtype) if existing_out is None else existing_out
+  preact = jnp.zeros((m, n), out_dtype)
+  if m == 0:
+    return (out, preact) if save_preactivation else out
+  tile_m = _tile_m(m, num_groups, config)
+  rows = -(-m // tile_m) * tile_m
+  lhs = _pad_rows(lhs, rows)
+  contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+
+  def step(carry, item):
+    out, preact = carry
+    group, tile, valid = item
+    row0 = tile * tile_m
+    h = _dot(lax.dynamic_slice_in_dim(lhs, row0, tile_m), rhs[group], contract)
+    if bias is not None:
+      h = h + bias[group].astype(_F32)
+    row = row0 + jnp.arange(tile_m)
+    in_group = (valid & (row >= bounds[group]) & (row < bounds[group + 1]))[:, None]
+    old = lax.dynamic_slice_in_dim(out, row0, tile_m)
+    new = jnp.where(in_group, (old.astype(_F32) + activations.apply(activation, h)).astype(out_dtype), old)
+    out = lax.dynamic_update_slice_in_dim(out, new, row0, 0)
+    if save_preactivation:
+      old_h = lax.dynamic_slice_in_dim(preact, row0, tile_m)
+      preact = lax.dynamic_update_slice_in_dim(preact, jnp.where(in_group, h.astype(out_dtype), old_h), row0, 0)
+    return (out, preact), None
+
+  carry = (_pad_rows(out, rows), _pad_rows(preact, rows) if save_preactivation else preact)
+  (out, preact), _ = lax.scan(step, carry, _work_items(bounds, m, tile_m))
+  return (out[:m], preact[:m]) if save_preactivation else out[:m]
+
+
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+  """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out); empty groups are 0."""
+  m, n = rhs.shape
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  num_groups = bounds.shape[0] - 1
+  out = jnp.zeros((num_groups, k, n), _F32)
+  dbias = jnp.zeros((num_groups, n), _F32)
+  if m > 0:
+    tile_m = _tile_m(m, num_groups, config)
+    rows = -(-m // tile_m) * tile_m
+    lhs = _pad_rows(lhs, rows, axis=0 if transpose_lhs else 1)
+    rhs = _pad_rows(rhs, rows)
+
+    def step(carry, item):
+      out, dbias = carry
+      group, tile, valid = item
+      row0 = tile * tile_m
+      row = row0 + jnp.arange(tile_m)
+      in_group = valid & (row >= bounds[group]) & (row < bounds[group + 1])
+      x = lax.dynamic_slice_in_dim(lhs, row0, tile_m, axis=0 if transpose_lhs else 1)
+      x = jnp.where(in_group[:, None] if transpose_lhs else in_group[None, :], x, 0)
+      y = jnp.where(in_group[:, None], lax.dynamic_slice_in_dim(rhs, row0, tile_m), 0)
+      product = _dot(x, y, ((0,), (0,)) if transpose_lhs else ((1,), (0,)))
+      out = out.at[group].add(product)
+      dbias = dbias.at[group].add(jnp.sum(y.astype(_F32), axis=0)) if bias_grad else dbias
+      return (out, dbias), None
+
+    (out, dbias), _ = lax.scan(step, (out, dbias), _work_items(bounds, m, tile_m))
+  if existing_out is not None:
+    out = existing_out.astype(_F32) + out
+  out = out.astype(out_dtype)
+  return (out, dbias) if bias_grad else out
+
+
+def masked_gmm(x, w, masked_m, *, out_dtype, config):
+  """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros elsewhere."""
+  del config  # One batched dot: the dense layout leaves nothing to tile.
+  out = _dot(x, w, ((2,), (2,)), batch=((0,), (0,)))
+  row = jnp.arange(x.shape[1])
+  return jnp.where(row[None, :, None] < masked_m[:, None, None], out, 0).astype(out_dtype)

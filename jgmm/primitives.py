@@ -1,0 +1,101 @@
+"""The JAX primitives behind jgmm's ops: abstract evaluation, batching, and a lowering per platform.
+
+Each primitive has a backend function of the same name in `backend_triton` (Triton kernels through XLA
+custom calls) and in `backend_xla` (pure JAX). The lowering picks one by the `backend` parameter: "xla",
+"triton", or None = Triton on "cuda"/"rocm" and the portable implementation elsewhere. Triton on a
+platform without Triton (the CPU) raises a clear error from jgmm.ffi unless TRITON_INTERPRET=1.
+
+Optional operands (bias, existing_out) are left out of the bind; `present` records which slots are filled.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jgmm import backend_xla
+
+_TRITON_PLATFORMS = ("cuda", "rocm")
+
+
+def _backend_module(backend, platform):
+  if backend is None:
+    backend = "triton" if platform in _TRITON_PLATFORMS else "xla"
+  if backend == "xla":
+    return backend_xla
+  from jgmm import backend_triton  # Imports triton: only where a Triton lowering is asked for.
+  return backend_triton
+
+
+def _fill(args, present):
+  args = iter(args)
+  return [next(args) if is_present else None for is_present in present]
+
+
+def _define(name, abstract_eval):
+  """A multiple-results primitive calling `<backend>.<name>(*operands, **params)`."""
+  prim = Primitive(f"jgmm_{name}")
+  prim.multiple_results = True
+  prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  prim.def_abstract_eval(lambda *args, present, backend, **params: abstract_eval(*_fill(args, present), **params))
+
+  def lower(platform):
+    def run(*args, present, backend, **params):
+      out = getattr(_backend_module(backend, platform), name)(*_fill(args, present), **params)
+      return list(out) if isinstance(out, tuple) else [out]
+    return mlir.lower_fun(run, multiple_results=True)
+
+  for platform in ("cpu", *_TRITON_PLATFORMS):
+    mlir.register_lowering(prim, lower(platform), platform=platform)
+  mlir.register_lowering(prim, lower(None))  # Any other platform: the portable implementation.
+
+  def batch(args, dims, **params):
+    # One call per batch element: lax.map over the batched operands, the others closed over.
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    mapped = [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None]
+
+    def one(slices):
+      slices = iter(slices)
+      return prim.bind(*[a if d is None else next(slices) for a, d in zip(args, dims)], **params)
+
+    outs = lax.map(one, mapped)
+    assert all(o.shape[0] == size for o in outs)
+    return outs, [0] * len(outs)
+
+  batching.primitive_batchers[prim] = batch
+
+  def bind(*args, backend, **params):
+    present = tuple(a is not None for a in args)
+    return prim.bind(*[a for a in args if a is not None], present=present, backend=backend, **params)
+
+  return bind
+
+
+def _gmm_shapes(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation,
+                save_preactivation, config):
+  del bounds, bias, existing_out, config
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  m = lhs.shape[0]
+  out = jax.core.ShapedArray((m, n // 2 if activation == "swiglu" else n), out_dtype)
+  return [out, jax.core.ShapedArray((m, n), out_dtype)] if save_preactivation else [out]
+
+
+def _tgmm_shapes(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+  del existing_out, config
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  num_groups, n = bounds.shape[0] - 1, rhs.shape[1]
+  out = jax.core.ShapedArray((num_groups, k, n), out_dtype)
+  return [out, jax.core.ShapedArray((num_groups, n), jnp.float32)] if bias_grad else [out]
+
+
+def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, config):
+  del masked_m, config
+  return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
+
+
+gmm = _define("gmm", _gmm_shapes)
+tgmm = _define("tgmm", _tgmm_shapes)
+masked_gmm = _define("masked_gmm", _masked_gmm_shapes)

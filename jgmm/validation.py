@@ -1,0 +1,179 @@
+"""Trace-time checks of every public argument: one place, specific messages.
+
+Each `check_*` function raises TypeError (wrong kind or dtype) or ValueError (wrong shape or value) naming
+the argument, what it saw and what it expected, and returns the normalised static arguments.
+"""
+import jax.numpy as jnp
+
+from jgmm import config as config_lib
+
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "swiglu")
+BACKENDS = (None, "triton", "xla")
+_FLOAT_NAMES = "float32, bfloat16 or float16"
+
+
+def _describe(x):
+  return f"shape {tuple(x.shape)} and dtype {x.dtype}"
+
+
+def _array(name, x, ndim, layout):
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"{name} must be an array of shape {layout}, got {type(x).__name__}")
+  if x.ndim != ndim:
+    raise ValueError(f"{name} must be {ndim}-D {layout}, got {_describe(x)}")
+  return x
+
+
+def _float_array(name, x, ndim, layout):
+  _array(name, x, ndim, layout)
+  if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_describe(x)}")
+  return x
+
+
+def _int_array(name, x, ndim, layout):
+  _array(name, x, ndim, layout)
+  if not jnp.issubdtype(x.dtype, jnp.integer):
+    raise TypeError(f"{name} must have an integer dtype (int32), got {_describe(x)}")
+  return x
+
+
+def _same_dtype(name, x, other_name, other):
+  if x.dtype != other.dtype:
+    raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {_describe(x)}")
+
+
+def _shape(name, x, expected, layout):
+  if tuple(x.shape) != tuple(expected):
+    raise ValueError(f"{name} must have shape {layout} = {tuple(expected)}, got {_describe(x)}")
+
+
+def _flag(name, value):
+  if type(value) is not bool:
+    raise TypeError(f"{name} must be a Python bool, got {value!r}")
+  return value
+
+
+def _out_dtype(preferred_element_type, input_dtype):
+  if preferred_element_type is None:
+    return jnp.dtype(input_dtype)
+  try:
+    dtype = jnp.dtype(preferred_element_type)
+  except TypeError:
+    raise TypeError(f"preferred_element_type must be a dtype ({_FLOAT_NAMES}) or None, "
+                    f"got {preferred_element_type!r}") from None
+  if dtype not in FLOAT_DTYPES:
+    raise TypeError(f"preferred_element_type must be {_FLOAT_NAMES} or None, got {dtype}")
+  return dtype
+
+
+def _group_offset(group_offset):
+  if group_offset is None or type(group_offset) is int:
+    return
+  if not hasattr(group_offset, "dtype") or not jnp.issubdtype(group_offset.dtype, jnp.integer):
+    raise TypeError(f"group_offset must be an int or an integer array of shape () or (1,), got {group_offset!r}")
+  if tuple(group_offset.shape) not in ((), (1,)):
+    raise ValueError(f"group_offset must have shape () or (1,), got {_describe(group_offset)}")
+
+
+def _backend(backend):
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be None, 'triton' or 'xla', got {backend!r}")
+  return backend
+
+
+def _nonneg_int(name, value, optional=True):
+  if value is None and optional:
+    return None
+  if type(value) is not int or value < 0:
+    raise ValueError(f"{name} must be a non-negative Python int{' or None' if optional else ''}, got {value!r}")
+  return value
+
+
+def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset,
+              existing_out, activation, config, backend):
+  """Validates gmm's arguments; returns (m, k, n, out_n, out_dtype, config)."""
+  _float_array("lhs", lhs, 2, "(M, K)")
+  rhs_layout = "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)"
+  _float_array("rhs", rhs, 3, rhs_layout)
+  _same_dtype("rhs", rhs, "lhs", lhs)
+  m, k = lhs.shape
+  num_groups, rhs_k, n = (rhs.shape[0], rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape
+  if rhs_k != k:
+    raise ValueError(f"rhs must have K = {k} (lhs is {tuple(lhs.shape)}) in its layout {rhs_layout}, "
+                     f"got shape {tuple(rhs.shape)}")
+  if num_groups < 1:
+    raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}")
+  _int_array("group_sizes", group_sizes, 1, "(G,)")
+  _group_offset(group_offset)
+  if group_offset is None and group_sizes.shape[0] != num_groups:
+    raise ValueError(f"group_sizes must have shape (G,) = ({num_groups},) matching rhs {tuple(rhs.shape)}, "
+                     f"got {_describe(group_sizes)}; pass group_offset for a local slice of the groups")
+  if group_offset is not None and group_sizes.shape[0] < num_groups:
+    raise ValueError(f"group_sizes must have at least G = {num_groups} entries (rhs {tuple(rhs.shape)}), "
+                     f"got {_describe(group_sizes)}")
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+  if activation == "swiglu" and n % 2:
+    raise ValueError(f"activation='swiglu' needs an even N ([gate | up] halves), got N = {n}")
+  out_n = n // 2 if activation == "swiglu" else n
+  if bias is not None:
+    _float_array("bias", bias, 2, "(G, N)")
+    _shape("bias", bias, (num_groups, n), "(G, N)")
+  out_dtype = _out_dtype(preferred_element_type, lhs.dtype)
+  if existing_out is not None:
+    _float_array("existing_out", existing_out, 2, "(M, N)")
+    _shape("existing_out", existing_out, (m, out_n), "(M, N_out)")
+    if existing_out.dtype != out_dtype:
+      raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
+  return m, k, n, out_n, out_dtype, config_lib.as_config(config), _backend(backend)
+
+
+def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset,
+               num_actual_groups, existing_out, bias_grad, config, backend):
+  """Validates tgmm's arguments; returns (m, k, n, num_groups, out_dtype, config, backend)."""
+  lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
+  _float_array("lhs", lhs, 2, lhs_layout)
+  _float_array("rhs", rhs, 2, "(M, N)")
+  _same_dtype("rhs", rhs, "lhs", lhs)
+  m, k = lhs.shape if transpose_lhs else lhs.shape[::-1]
+  if rhs.shape[0] != m:
+    raise ValueError(f"rhs must be (M, N) with M = {m} (lhs is {tuple(lhs.shape)} in layout {lhs_layout}), "
+                     f"got shape {tuple(rhs.shape)}")
+  n = rhs.shape[1]
+  _int_array("group_sizes", group_sizes, 1, "(G,)")
+  total_groups = group_sizes.shape[0]
+  if total_groups < 1:
+    raise ValueError(f"group_sizes must hold at least one group, got {_describe(group_sizes)}")
+  _group_offset(group_offset)
+  num_groups = total_groups if num_actual_groups is None else num_actual_groups
+  if type(num_groups) is not int or not 1 <= num_groups <= total_groups:
+    raise ValueError(f"num_actual_groups must be a Python int in [1, {total_groups}] (len(group_sizes)) "
+                     f"or None, got {num_actual_groups!r}")
+  if group_offset is None and num_groups != total_groups:
+    raise ValueError("num_actual_groups < len(group_sizes) needs group_offset (which groups are local), "
+                     f"got num_actual_groups={num_groups} and no group_offset")
+  out_dtype = _out_dtype(preferred_element_type, lhs.dtype)
+  if existing_out is not None:
+    _float_array("existing_out", existing_out, 3, "(G, K, N)")
+    _shape("existing_out", existing_out, (num_groups, k, n), "(G, K, N)")
+    if existing_out.dtype != out_dtype:
+      raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
+  _flag("bias_grad", bias_grad)
+  return m, k, n, num_groups, out_dtype, config_lib.as_config(config), _backend(backend)
+
+
+def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, config, backend):
+  """Validates masked_gmm's arguments; returns (out_dtype, config, backend)."""
+  _float_array("x", x, 3, "(G, max_m, K)")
+  _float_array("w", w, 3, "(G, N, K)")
+  _same_dtype("w", w, "x", x)
+  num_groups, _, k = x.shape
+  if w.shape[0] != num_groups or w.shape[2] != k:
+    raise ValueError(f"w must be (G, N, K) with G = {num_groups} and K = {k} (x is {tuple(x.shape)}), "
+                     f"got shape {tuple(w.shape)}")
+  _int_array("masked_m", masked_m, 1, "(G,)")
+  _shape("masked_m", masked_m, (num_groups,), "(G,)")
+  _nonneg_int("expected_m", expected_m)
+  return _out_dtype(preferred_element_type, x.dtype), config_lib.as_config(config), _backend(backend)
