@@ -5,6 +5,8 @@ are at most cdiv(M, tile_m) + G - 1 of them (megablox's schedule), so the FLOPs 
 the G-fold dense product of `jax.lax.ragged_dot`. A `lax.scan` over the work items does one dense dot per
 item and writes (gmm) or accumulates (tgmm) only the rows of the item's group.
 
+Zero carries start from `lax.full_like(lhs, ...)` so that inside shard_map they vary over lhs's mesh axes.
+
 `bounds` (G + 1,) int32, sanitised by the caller: rows of local group g are [bounds[g], bounds[g + 1]), with
 0 <= bounds[0] <= ... <= bounds[G] <= M.
 """
@@ -58,8 +60,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   out_n = n // 2 if activation == "swiglu" else n
-  out = jnp.zeros((m, out_n), out_dtype) if existing_out is None else existing_out
-  preact = jnp.zeros((m, n), out_dtype)
+  out = lax.full_like(lhs, 0, out_dtype, (m, out_n)) if existing_out is None else existing_out
+  preact = lax.full_like(lhs, 0, out_dtype, (m, n))
   if m == 0:
     return (out, preact) if save_preactivation else out
   tile_m = _tile_m(m, num_groups, config)
@@ -94,8 +96,8 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   m, n = rhs.shape
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups = bounds.shape[0] - 1
-  out = jnp.zeros((num_groups, k, n), _F32)
-  dbias = jnp.zeros((num_groups, n), _F32)
+  out = lax.full_like(lhs, 0, _F32, (num_groups, k, n))
+  dbias = lax.full_like(lhs, 0, _F32, (num_groups, n))
   if m > 0:
     tile_m = _tile_m(m, num_groups, config)
     rows = -(-m // tile_m) * tile_m

@@ -34,6 +34,14 @@ def group_bounds(group_sizes, group_offset, num_groups, m):
   return lax.dynamic_slice(edges, (offset,), (num_groups + 1,))
 
 
+def _vary_alike(*arrays):
+  """Casts arrays (None allowed) to vary over the union of their shard_map mesh axes (no-op outside one)."""
+  varying = lambda a: jax.typeof(a).mat.varying
+  axes = frozenset().union(*(varying(a) for a in arrays if a is not None))
+  return [a if a is None or not axes - varying(a) else lax.pcast(a, tuple(axes - varying(a)), to="varying")
+          for a in arrays]
+
+
 class _GmmStatic(NamedTuple):
   transpose_rhs: bool
   out_dtype: jnp.dtype
@@ -130,7 +138,7 @@ def gmm(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, preferred_elem
       activation, config, backend)
   bounds = group_bounds(group_sizes, group_offset, rhs.shape[0], m)
   s = _GmmStatic(transpose_rhs, out_dtype, activation, existing_out is not None, config, backend)
-  return _gmm(lhs, rhs, bounds, bias, existing_out, s)
+  return _gmm(*_vary_alike(lhs, rhs, bounds, bias, existing_out), s)
 
 
 def _tgmm_call(lhs, rhs, bounds, existing_out, s):
@@ -145,7 +153,7 @@ def _tgmm(lhs, rhs, bounds, existing_out, s):
 
 
 def _tgmm_fwd(lhs, rhs, bounds, existing_out, s):
-  return _tgmm(lhs, rhs, bounds, existing_out, s), (lhs, rhs, bounds)
+  return _tgmm(*_vary_alike(lhs, rhs, bounds, existing_out), s), (lhs, rhs, bounds)
 
 
 def _tgmm_bwd(s, residuals, cotangents):
@@ -189,7 +197,7 @@ def tgmm(lhs, rhs, group_sizes, *, transpose_lhs=False, preferred_element_type=N
       existing_out, bias_grad, config, backend)
   bounds = group_bounds(group_sizes, group_offset, num_groups, m)
   s = _TgmmStatic(transpose_lhs, out_dtype, bias_grad, existing_out is not None, config, backend)
-  return _tgmm(lhs, rhs, bounds, existing_out, s)
+  return _tgmm(*_vary_alike(lhs, rhs, bounds, existing_out), s)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -198,7 +206,7 @@ def _masked_gmm(x, w, masked_m, out_dtype, config, backend):
 
 
 def _masked_gmm_fwd(x, w, masked_m, out_dtype, config, backend):
-  return _masked_gmm(x, w, masked_m, out_dtype, config, backend), (x, w, masked_m)
+  return _masked_gmm(*_vary_alike(x, w, masked_m), out_dtype, config, backend), (x, w, masked_m)
 
 
 def _masked_gmm_bwd(out_dtype, config, backend, residuals, dout):
@@ -234,7 +242,7 @@ def masked_gmm(x, w, masked_m, *, preferred_element_type=None, expected_m=None, 
   out_dtype, config, backend = validation.check_masked_gmm(x, w, masked_m, preferred_element_type,
                                                            expected_m, config, backend)
   masked_m = jnp.clip(masked_m, 0, x.shape[1]).astype(jnp.int32)
-  return _masked_gmm(x, w, masked_m, out_dtype, config, backend)
+  return _masked_gmm(*_vary_alike(x, w, masked_m), out_dtype, config, backend)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):

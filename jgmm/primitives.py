@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax._src import dispatch
+from jax._src import core, dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
@@ -40,7 +40,17 @@ def _define(name, abstract_eval):
   prim = Primitive(f"jgmm_{name}")
   prim.multiple_results = True
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-  prim.def_abstract_eval(lambda *args, present, backend, **params: abstract_eval(*_fill(args, present), **params))
+
+  def shapes(*avals, present, backend, **params):
+    del backend
+    outs = abstract_eval(*_fill(avals, present), **params)
+    if not avals[0].mat.varying:
+      return outs
+    # Inside shard_map: the operands vary over the same manual mesh axes (ops.py casts them); so do the outputs.
+    return [core.ShapedArray(o.shape, o.dtype, sharding=core.get_cur_mesh_sharding(), manual_axis_type=avals[0].mat)
+            for o in outs]
+
+  prim.def_abstract_eval(shapes)
 
   def lower(platform):
     def run(*args, present, backend, **params):

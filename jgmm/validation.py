@@ -69,7 +69,11 @@ def _out_dtype(preferred_element_type, input_dtype):
 
 
 def _group_offset(group_offset):
-  if group_offset is None or type(group_offset) is int:
+  if group_offset is None:
+    return
+  if type(group_offset) is int:
+    if not -2**31 <= group_offset < 2**31:
+      raise ValueError(f"group_offset must fit in int32, got {group_offset}")
     return
   if not hasattr(group_offset, "dtype") or not jnp.issubdtype(group_offset.dtype, jnp.integer):
     raise TypeError(f"group_offset must be an int or an integer array of shape () or (1,), got {group_offset!r}")
@@ -83,11 +87,13 @@ def _backend(backend):
   return backend
 
 
-def _nonneg_int(name, value, optional=True):
-  if value is None and optional:
+def _nonneg_int(name, value):
+  if value is None:
     return None
-  if type(value) is not int or value < 0:
-    raise ValueError(f"{name} must be a non-negative Python int{' or None' if optional else ''}, got {value!r}")
+  if type(value) is not int:
+    raise TypeError(f"{name} must be a non-negative Python int or None, got {value!r}")
+  if value < 0:
+    raise ValueError(f"{name} must be a non-negative Python int or None, got {value!r}")
   return value
 
 
@@ -148,7 +154,10 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
     raise ValueError(f"group_sizes must hold at least one group, got {_describe(group_sizes)}")
   _group_offset(group_offset)
   num_groups = total_groups if num_actual_groups is None else num_actual_groups
-  if type(num_groups) is not int or not 1 <= num_groups <= total_groups:
+  if type(num_groups) is not int:
+    raise TypeError(f"num_actual_groups must be a Python int in [1, {total_groups}] (len(group_sizes)) "
+                    f"or None, got {num_actual_groups!r}")
+  if not 1 <= num_groups <= total_groups:
     raise ValueError(f"num_actual_groups must be a Python int in [1, {total_groups}] (len(group_sizes)) "
                      f"or None, got {num_actual_groups!r}")
   if group_offset is None and num_groups != total_groups:
