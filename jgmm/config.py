@@ -11,6 +11,8 @@ class Config:
   block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
   persistent: one program per SM looping over tiles (True) or one program per tile (False).
+  tma: on Hopper, move tiles with tensor descriptors (TMA) where the shapes allow (True), or always use
+    plain pointer loads and stores (False).
   """
   block_m: int = 128
   block_n: int = 128
@@ -18,18 +20,22 @@ class Config:
   num_warps: int = 4
   num_stages: int = 3
   persistent: bool = True
+  tma: bool = True
 
   def __post_init__(self):
+    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
+      if type(getattr(self, name)) is not int:
+        raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
+    for name in ("persistent", "tma"):
+      if type(getattr(self, name)) is not bool:
+        raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):
-      value = getattr(self, name)
-      if type(value) is not int or value not in _POWERS_OF_TWO:
-        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}, got {value!r}")
-    if type(self.num_warps) is not int or self.num_warps not in (1, 2, 4, 8, 16):
+      if getattr(self, name) not in _POWERS_OF_TWO:
+        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}, got {getattr(self, name)!r}")
+    if self.num_warps not in (1, 2, 4, 8, 16):
       raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
-    if type(self.num_stages) is not int or not 1 <= self.num_stages <= 8:
+    if not 1 <= self.num_stages <= 8:
       raise ValueError(f"config.num_stages must be an int in [1, 8], got {self.num_stages!r}")
-    if type(self.persistent) is not bool:
-      raise ValueError(f"config.persistent must be a bool, got {self.persistent!r}")
 
 
 def as_config(config):
