@@ -1,0 +1,408 @@
+"""triton_call: a JAX primitive that runs a @triton.jit kernel as an XLA custom call.
+
+Lowerings: 'cuda' and 'rocm' compile the kernel with Triton for the device architecture and emit the typed-FFI
+custom call `triton_kernel_call_ffi`; 'cpu' runs the kernel under Triton's interpreter through a host callback
+when TRITON_INTERPRET=1 at lowering time, and raises otherwise.
+"""
+
+import dataclasses
+import functools
+import operator
+import os
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+import triton
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from triton.compiler import make_backend
+
+from jgmm.ffi import _compile, _dtypes, _jaxlib
+from jgmm.ffi.interpret import run_interpreted
+
+_MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA launch limits per axis (ROCm's are at least as large)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scalar:
+    """A python scalar kernel argument, static in the traced program."""
+
+    triton_type: str
+    value: bool | int | float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """Everything about one launch except the array operands; hashable (a primitive parameter).
+
+    args: per positional kernel argument, None for an array operand (in operand order) or a _Scalar.
+    aliases: (operand index, output index) pairs: the output's buffer is that operand's buffer.
+    aliased_outputs_appended: whether the kernel takes a pointer param for aliased outputs too (all outputs
+      appended after the args) or only for the others (the aliased operand's param is the output).
+    """
+
+    kernel: object
+    name: str
+    args: tuple
+    out_avals: tuple
+    grid: tuple
+    num_warps: int
+    num_stages: int
+    constexprs: tuple
+    aliases: tuple
+    aliased_outputs_appended: bool
+    zeroed_outputs: tuple
+
+    @property
+    def alias_of_output(self) -> dict:
+        return {out: operand for operand, out in self.aliases}
+
+    @property
+    def appended_outputs(self) -> list:
+        """Output indices that get a pointer param after the args, in param order."""
+        return [k for k in range(len(self.out_avals))
+                if self.aliased_outputs_appended or k not in self.alias_of_output]
+
+
+triton_call_p = Primitive("jgmm_triton_call")
+triton_call_p.multiple_results = True
+
+
+def _abstract_eval(*avals, call: _Call):
+    del avals
+    return list(call.out_avals)
+
+
+triton_call_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.partial(jax.jit, static_argnames="call")
+def _impl(*operands, call: _Call):
+    """Outside jit: compile the one call (cached per call) and run it."""
+    return triton_call_p.bind(*operands, call=call)
+
+
+triton_call_p.def_impl(_impl)
+
+
+def _jvp(primals, tangents, *, call: _Call):
+    del primals, tangents
+    raise NotImplementedError(
+        f"triton_call of {call.name!r} has no derivative rule: wrap it in jax.custom_vjp with a backward pass")
+
+
+ad.primitive_jvps[triton_call_p] = _jvp
+
+
+def _batch(operands, dims, *, call: _Call):
+    """vmap: one launch per batch element, in a lax.map loop."""
+    batched_index = [i for i, d in enumerate(dims) if d is not None]
+    batched = [jax.numpy.moveaxis(operands[i], dims[i], 0) for i in batched_index]
+
+    def one(slices):
+        full = list(operands)
+        for i, x in zip(batched_index, slices):
+            full[i] = x
+        return triton_call_p.bind(*full, call=call)
+
+    return lax.map(one, batched), [0] * len(call.out_avals)
+
+
+batching.primitive_batchers[triton_call_p] = _batch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU lowering
+
+
+def _lowering_target(platform: str, ctx) -> _compile.Target:
+    named = _compile.env_target(platform)
+    if named is not None:
+        return named
+    axis_context = ctx.module_context.axis_context
+    devices = getattr(axis_context, "device_assignment", None)
+    if devices is None and getattr(axis_context, "mesh", None) is not None:
+        devices = getattr(axis_context.mesh, "devices", None)
+    devices = list(np.asarray(devices, dtype=object).flat) if devices is not None else []
+    if not devices:
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError:
+            devices = []
+    targets = {_compile.device_target(platform, d) for d in devices} - {None}
+    if not targets:
+        raise RuntimeError(
+            f"cannot tell which {platform} GPU to compile the Triton kernel for (no {platform} device in this "
+            f"computation); set {_compile.TARGET_ENV}, e.g. {_compile.TARGET_ENV}=cuda:90 or rocm:gfx942")
+    if len(targets) > 1:
+        raise ValueError(f"the computation spans GPUs of different architectures {sorted(map(str, targets))}; "
+                         "one Triton custom call carries one binary")
+    return targets.pop()
+
+
+def _pointer_attrs(target: _compile.Target, aval) -> str:
+    """Triton specialization of a pointer param: 16-byte aligned (XLA buffers are), and on ROCm within 2 GiB."""
+    desc = "D"
+    if target.platform == "rocm" and triton.knobs.amd.use_buffer_ops and aval.size * aval.dtype.itemsize < 2**31:
+        desc += "S"
+    return desc
+
+
+def _specialize(call: _Call, target: _compile.Target, operand_avals):
+    """Triton signature, constexprs, attrs for `call`, and per kernel param what jaxlib passes (or None)."""
+    backend = make_backend(target.triton_target)
+    fn = _compile.jit_function(call.kernel)
+    constexprs = dict(call.constexprs)
+    runtime_params = [p for p in fn.params if not p.is_constexpr]
+    operand_iter = iter(range(len(operand_avals)))
+    arg_values = []  # per runtime param: ('array', buffer index, aval) or ('scalar', _Scalar)
+    for arg in call.args:
+        if arg is None:
+            i = next(operand_iter)
+            arg_values.append(("array", i, operand_avals[i]))
+        else:
+            arg_values.append(("scalar", arg))
+    n_operands = len(operand_avals)
+    for rank, k in enumerate(call.appended_outputs):
+        arg_values.append(("array", n_operands + rank, call.out_avals[k]))
+    signature, attrs, launch = {}, {}, []
+    for p in fn.params:
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+    for p, (kind, *value) in zip(runtime_params, arg_values):
+        if kind == "array":
+            _, aval = value
+            signature[p.name] = "*" + _dtypes.triton_type(aval.dtype)
+            if not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+                attrs[(p.num,)] = backend.parse_attr(_pointer_attrs(target, aval))
+            launch.append(value)
+            continue
+        (scalar,) = value
+        is_int = scalar.triton_type not in ("i1", "fp32")
+        if is_int and scalar.value == 1 and not p.do_not_specialize:
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = 1
+            launch.append(None)
+            continue
+        signature[p.name] = scalar.triton_type
+        if is_int and scalar.value % 16 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+            attrs[(p.num,)] = backend.parse_attr("D")
+        launch.append(scalar)
+    return {p.name: signature[p.name] for p in fn.params}, constexprs, attrs, launch
+
+
+def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
+    target = _lowering_target(platform, ctx)
+    signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
+    compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps,
+                                       call.num_stages)
+    module = _jaxlib.plugin(platform)
+    # Bytes to zero per buffer: zeroed outputs, on the operand buffer when the output aliases an operand.
+    alias_of_output = call.alias_of_output
+    appended = call.appended_outputs
+    n_operands = len(operands)
+    zero_bytes = {}
+    for k in call.zeroed_outputs:
+        aval = call.out_avals[k]
+        buffer = alias_of_output[k] if k in alias_of_output else n_operands + appended.index(k)
+        zero_bytes[buffer] = aval.size * aval.dtype.itemsize
+    parameters = []
+    for entry in launch:
+        if entry is None:
+            continue
+        if isinstance(entry, _Scalar):
+            parameters.append(_jaxlib.scalar_parameter(module, entry.value, entry.triton_type))
+        else:
+            buffer, _ = entry
+            parameters.append(_jaxlib.array_parameter(module, zero_bytes.get(buffer, 0), 16))
+    opaque = _jaxlib.serialized_call(
+        module, kernel_name=compiled.name, call_name=call.name, num_warps=call.num_warps,
+        shared_mem_bytes=compiled.shared_mem_bytes, binary=compiled.binary,
+        compute_capability=target.arch if target.platform == "cuda" else 0,
+        global_scratch_size=compiled.global_scratch_size, global_scratch_align=compiled.global_scratch_align,
+        grid=call.grid, parameters=parameters)
+    # jaxlib hands the kernel its buffers in order (operands, then results): results whose buffer the kernel
+    # takes as a param come first, aliased results it does not take go last.
+    result_order = appended + [k for k in range(len(call.out_avals)) if k not in appended]
+    custom_ctx = ctx.replace(avals_out=[call.out_avals[k] for k in result_order])
+    rule = jax.ffi.ffi_lowering(
+        _jaxlib.CUSTOM_CALL_TARGET, api_version=4, has_side_effect=False,
+        operand_output_aliases={operand: result_order.index(k) for operand, k in call.aliases})
+    results = rule(custom_ctx, *operands, opaque=opaque)
+    by_output = dict(zip(result_order, results))
+    return [by_output[k] for k in range(len(call.out_avals))]
+
+
+for _platform in ("cuda", "rocm"):
+    mlir.register_lowering(triton_call_p, functools.partial(_gpu_lowering, platform=_platform),
+                           platform=_platform)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU lowering: Triton's interpreter in a host callback
+
+
+def _poisoned(aval) -> np.ndarray:
+    """An output buffer whose unwritten elements stand out: NaN for floats, the minimum for integers."""
+    dtype = np.dtype(aval.dtype)
+    if dtype == np.bool_:
+        return np.ones(aval.shape, dtype)
+    if np.issubdtype(dtype, np.integer):
+        return np.full(aval.shape, np.iinfo(dtype).min, dtype)
+    return np.full(aval.shape, np.nan, dtype)
+
+
+def _run_on_host(call: _Call, *operands):
+    inputs = [np.array(x, copy=True, order="C") for x in operands]
+    alias_of_output = call.alias_of_output
+    outputs = []
+    for k, aval in enumerate(call.out_avals):
+        if k in alias_of_output:
+            buffer = inputs[alias_of_output[k]]
+            if k in call.zeroed_outputs:
+                buffer[...] = 0
+        elif k in call.zeroed_outputs:
+            buffer = np.zeros(aval.shape, aval.dtype)
+        else:
+            buffer = _poisoned(aval)
+        outputs.append(buffer)
+    operand_iter = iter(inputs)
+    args = [next(operand_iter) if arg is None else arg.value for arg in call.args]
+    args += [outputs[k] for k in call.appended_outputs]
+    run_interpreted(call.kernel, call.grid, args, dict(call.constexprs))
+    return outputs
+
+
+def _cpu_lowering(ctx, *operands, call: _Call):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"Triton kernels need a GPU platform (cuda/rocm); platform 'cpu' cannot run kernel {call.name!r}. "
+            "Set TRITON_INTERPRET=1 to interpret it on the host (slow, for tests).")
+    result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals]
+
+    def host_call(*xs):
+        return jax.pure_callback(functools.partial(_run_on_host, call), result_shapes, *xs)
+
+    return mlir.lower_fun(host_call, multiple_results=True)(ctx, *operands)
+
+
+mlir.register_lowering(triton_call_p, _cpu_lowering, platform="cpu")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def _normalize_grid(grid, meta: dict, name: str) -> tuple:
+    if callable(grid):
+        grid = grid(meta)
+    if isinstance(grid, int):
+        grid = (grid,)
+    try:
+        grid = tuple(operator.index(g) for g in grid)
+    except TypeError as e:
+        raise TypeError(f"{name}: grid must be 1-3 python ints (or a callable of the metaparameters returning "
+                        f"them), got {grid!r}") from e
+    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
+        raise ValueError(f"{name}: grid must be 1-3 non-negative ints, got {grid}")
+    grid = grid + (1,) * (3 - len(grid))
+    if any(g > limit for g, limit in zip(grid, _MAX_GRID)):
+        raise ValueError(f"{name}: grid {grid} exceeds the launch limits {_MAX_GRID}")
+    return grid
+
+
+def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: int = 3,
+                input_output_aliases: dict | None = None, zeroed_outputs: Sequence[int] = (), name: str | None = None,
+                **constexprs):
+    """Calls a @triton.jit kernel on JAX arrays; usable inside jit (vmap loops over the batch, no autodiff).
+
+    Args:
+      *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers)
+        and python bool/int/float scalars (static: baked into the compiled kernel's launch; ints equal to 1 and
+        multiples of 16 specialize the kernel as Triton's launcher does).
+      kernel: a @triton.jit function.
+      out_shape: a jax.ShapeDtypeStruct (then one array is returned) or a sequence of them (then a list).
+        Each output gets a pointer param after all args, in order. An output aliased to an input (see
+        input_output_aliases) either also gets one (the kernel then sees that buffer twice) or, if the kernel
+        declares exactly one param fewer per aliased output, is written through the input's param.
+      grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
+      num_warps, num_stages: Triton compile options.
+      input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input.
+      zeroed_outputs: output indices set to zero before the launch (the others start undefined).
+      name: name of the call in errors and profiles; defaults to the kernel's name.
+      **constexprs: the kernel's tl.constexpr params by name (defaults apply to those left out).
+
+    Returns:
+      The output array(s), shaped and typed as out_shape.
+    """
+    fn = _compile.jit_function(kernel)
+    name = name or fn.__name__
+    single = not isinstance(out_shape, Sequence)
+    out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in ([out_shape] if single else out_shape))
+    for aval in out_avals:
+        _dtypes.triton_type(aval.dtype)
+
+    constexpr_params = {p.name: p for p in fn.params if p.is_constexpr}
+    unknown = set(constexprs) - set(constexpr_params)
+    if unknown:
+        raise TypeError(f"{name}: {sorted(unknown)} are not constexpr params of the kernel; its constexpr params "
+                        f"are {sorted(constexpr_params)}")
+    full_constexprs = {}
+    for pname, p in constexpr_params.items():
+        if pname in constexprs:
+            full_constexprs[pname] = constexprs[pname]
+        elif p.has_default:
+            full_constexprs[pname] = p.default
+        else:
+            raise TypeError(f"{name}: missing constexpr param {pname!r}")
+
+    operands, call_args = [], []
+    for i, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
+            value = arg.item() if isinstance(arg, np.generic) else arg
+            call_args.append(_Scalar(_dtypes.scalar_type(value), value))
+        elif hasattr(arg, "shape") and hasattr(arg, "dtype"):
+            _dtypes.triton_type(arg.dtype)
+            call_args.append(None)
+            operands.append(arg)
+        else:
+            raise TypeError(f"{name}: argument {i} must be a jax array or a python bool/int/float, "
+                            f"got {type(arg).__name__}")
+    operand_index = {i: sum(a is None for a in call_args[:i]) for i, a in enumerate(call_args) if a is None}
+
+    aliases = []
+    for arg_i, out_k in (input_output_aliases or {}).items():
+        if arg_i not in operand_index:
+            raise ValueError(f"{name}: input_output_aliases key {arg_i} must index an array argument")
+        if not 0 <= out_k < len(out_avals):
+            raise ValueError(f"{name}: input_output_aliases value {out_k} is not an output index")
+        operand = operands[operand_index[arg_i]]
+        if tuple(operand.shape) != out_avals[out_k].shape or np.dtype(operand.dtype) != out_avals[out_k].dtype:
+            raise ValueError(f"{name}: aliased argument {arg_i} has shape/dtype {tuple(operand.shape)} "
+                             f"{np.dtype(operand.dtype)}, output {out_k} is {out_avals[out_k].str_short()}")
+        aliases.append((operand_index[arg_i], out_k))
+    if len({k for _, k in aliases}) != len(aliases):
+        raise ValueError(f"{name}: input_output_aliases maps two inputs to one output")
+    zeroed = tuple(sorted(set(zeroed_outputs)))
+    if any(not 0 <= k < len(out_avals) for k in zeroed):
+        raise ValueError(f"{name}: zeroed_outputs {zeroed} must index outputs (0..{len(out_avals) - 1})")
+
+    n_runtime = sum(not p.is_constexpr for p in fn.params)
+    if n_runtime == len(args) + len(out_avals):
+        aliased_outputs_appended = True
+    elif aliases and n_runtime == len(args) + len(out_avals) - len(aliases):
+        aliased_outputs_appended = False
+    else:
+        raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
+                        f"{len(out_avals)} outputs were given")
+
+    meta = dict(full_constexprs, num_warps=num_warps, num_stages=num_stages)
+    call = _Call(kernel=kernel, name=name, args=tuple(call_args), out_avals=out_avals,
+                 grid=_normalize_grid(grid, meta, name), num_warps=int(num_warps), num_stages=int(num_stages),
+                 constexprs=tuple(sorted(full_constexprs.items())), aliases=tuple(sorted(aliases)),
+                 aliased_outputs_appended=aliased_outputs_appended, zeroed_outputs=zeroed)
+    outs = triton_call_p.bind(*operands, call=call)
+    return outs[0] if single else list(outs)
+

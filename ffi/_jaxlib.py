@@ -1,0 +1,88 @@
+"""The one place that touches jaxlib's private Triton kernel-call API (``jax._src.lib.gpu_triton``).
+
+Differences handled here, by feature detection on the installed jaxlib:
+  * jax 0.10.2: ``TritonKernel(name, num_warps, num_ctas, shared_mem, ptx, ttir, compute_capability)``; no
+    global scratch (kernels that need it, e.g. device-side tensor descriptors, are refused), no host-side TMA
+    descriptor parameters.
+  * jax 0.11.x / 0.12.x: ``TritonKernel(..., global_scratch_size=None, global_scratch_align=None)``: jaxlib
+    allocates the per-program scratch at launch; ``create_tma_descriptor_parameter`` exists.
+All versions serialize the call into the same ``TritonAnyKernelCall`` proto, read by the typed-FFI target
+``triton_kernel_call_ffi`` (zlib-compressed, string attribute ``opaque``).
+"""
+
+import zlib
+
+import jax
+from jax._src.lib import version as _jaxlib_version
+
+CUSTOM_CALL_TARGET = "triton_kernel_call_ffi"
+SUPPORTED_JAXLIB = ((0, 10, 2), (0, 13, 0))  # [lowest, first unsupported)
+
+
+def _gpu_triton():
+    try:
+        from jax._src.lib import gpu_triton
+    except ImportError as e:
+        raise RuntimeError("this jaxlib has no Triton kernel-call support (jax._src.lib.gpu_triton)") from e
+    return gpu_triton
+
+
+def check_supported() -> None:
+    lowest, first_unsupported = SUPPORTED_JAXLIB
+    version = tuple(_jaxlib_version[:3])
+    if not lowest <= version < first_unsupported:
+        raise RuntimeError(
+            f"jgmm.ffi supports jaxlib >= {'.'.join(map(str, lowest))} and < "
+            f"{'.'.join(map(str, first_unsupported))}; found jaxlib {jax.lib.__version__}. Its private Triton "
+            "kernel-call API may differ: update ffi/_jaxlib.py after checking TritonKernel's signature.")
+
+
+def plugin(platform: str):
+    """jaxlib's Triton bindings for 'cuda' or 'rocm'.
+
+    Both plugins serialize the same proto, so when lowering for a platform whose plugin is not installed (e.g.
+    'rocm' on a machine with the CUDA plugin) the other plugin's bindings serve.
+    """
+    check_supported()
+    gpu_triton = _gpu_triton()
+    own = gpu_triton._cuda_triton if platform == "cuda" else gpu_triton._hip_triton
+    other = gpu_triton._hip_triton if platform == "cuda" else gpu_triton._cuda_triton
+    module = own or other
+    if module is None:
+        raise RuntimeError(
+            f"lowering a Triton kernel for {platform!r} needs a jax GPU plugin (jax-cuda13-plugin / "
+            "jax-rocm-plugin) installed, even to lower without a GPU")
+    return module
+
+
+def supports_global_scratch(module) -> bool:
+    return "global_scratch_size" in (module.TritonKernel.__init__.__doc__ or "")
+
+
+def supports_tma_descriptors(module) -> bool:
+    return hasattr(module, "create_tma_descriptor_parameter")
+
+
+def array_parameter(module, bytes_to_zero: int, divisibility: int):
+    return module.create_array_parameter(bytes_to_zero, divisibility)
+
+
+def scalar_parameter(module, value, triton_type: str):
+    return module.create_scalar_parameter(value, triton_type)
+
+
+def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int,
+                    binary: str, compute_capability: int, global_scratch_size: int, global_scratch_align: int,
+                    grid: tuple, parameters: list) -> bytes:
+    """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto."""
+    kernel_args = [kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability]
+    if global_scratch_size:
+        if not supports_global_scratch(module):
+            raise NotImplementedError(
+                f"kernel {kernel_name!r} needs {global_scratch_size} bytes of Triton global scratch per program "
+                f"(device-side tensor descriptors); jaxlib {jax.lib.__version__} cannot allocate it (needs jaxlib "
+                ">= 0.11)")
+        kernel_args += [global_scratch_size, global_scratch_align]
+    kernel = module.TritonKernel(*kernel_args)
+    call = module.TritonKernelCall(kernel, *grid, parameters)
+    return zlib.compress(call.to_proto(call_name, b""))
