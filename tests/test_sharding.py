@@ -4,6 +4,8 @@ Run through pytest: tests/conftest.py sets XLA_FLAGS=--xla_force_host_platform_d
 starts. Every result is checked against the float64 oracle on fresh random inputs.
 """
 import functools
+import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -69,11 +71,11 @@ class ShardingTest(parameterized.TestCase):
     err = oracle.rel_err(actual, expected)
     self.assertLess(err, TOL, f"{what}: rel_err {err:.3g}")
 
-  def _expert_sharded_gmm(self, check_vma):
+  def _expert_sharded_gmm(self, check_vma, **options):
     """gmm over G_TOTAL groups, rhs sharded over experts; each device computes its G_LOCAL groups."""
     def local(lhs, rhs_local, group_sizes):
       offset = lax.axis_index("expert") * G_LOCAL
-      return lax.psum(jgmm.gmm(lhs, rhs_local, group_sizes, group_offset=offset), "expert")
+      return lax.psum(jgmm.gmm(lhs, rhs_local, group_sizes, group_offset=offset, **options), "expert")
     return jax.jit(shard_map(local, mesh=self.mesh, in_specs=(P(), P("expert"), P()), out_specs=P(),
                              check_vma=check_vma))
 
@@ -105,10 +107,13 @@ class ShardingTest(parameterized.TestCase):
   # (d) grad through the shard_map version.
   @parameterized.named_parameters(SIZE_KINDS_VMA)
   def test_shard_map_gmm_grad(self, kind, seed, check_vma):
+    self._check_shard_map_gmm_grad(kind, seed, check_vma)
+
+  def _check_shard_map_gmm_grad(self, kind, seed, check_vma, **options):
     rng = np.random.default_rng(300 + seed)
     lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G_TOTAL, K, N), _sizes(rng, G_TOTAL, M, kind)
     cotangent = _normal(rng, M, N)
-    sharded = self._expert_sharded_gmm(check_vma)
+    sharded = self._expert_sharded_gmm(check_vma, **options)
     loss = lambda f: lambda lhs, rhs: jnp.sum(f(lhs, rhs, jnp.asarray(sizes)) * cotangent)
     dlhs, drhs = jax.jit(jax.grad(loss(sharded), argnums=(0, 1)))(lhs, rhs)
     ref_dlhs, ref_drhs = jax.grad(loss(jgmm.gmm), argnums=(0, 1))(lhs, rhs)
@@ -121,6 +126,13 @@ class ShardingTest(parameterized.TestCase):
     self.assert_close(drhs, expected_drhs, "shard_map drhs")
     np.testing.assert_allclose(dlhs, ref_dlhs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(drhs, ref_drhs, rtol=1e-5, atol=1e-5)
+
+  def test_shard_map_gmm_grad_triton(self):
+    """The Triton kernels (interpreted on the CPU: TRITON_INTERPRET=1) under shard_map, forward and backward."""
+    if jax.devices()[0].platform == "cpu":
+      self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    config = jgmm.Config(block_m=16, block_n=16, block_k=16, num_warps=1)
+    self._check_shard_map_gmm_grad("uniform", 5, True, backend="triton", config=config)
 
   # (b) pmap over a batch of independent problems.
   def test_pmap_gmm(self):
