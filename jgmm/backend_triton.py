@@ -1,0 +1,179 @@
+"""Triton backend: gmm, tgmm and masked_gmm as Triton kernels called through XLA custom calls (jgmm.ffi).
+
+Same signatures and semantics as backend_xla. Called while lowering (inside jit), so only static shapes
+and dtypes steer Python here; runtime values (bounds, masked_m) are read by the kernels alone, which never
+read or write out of bounds whatever they hold.
+
+The GPU the kernels are built for: JGMM_TARGET (e.g. cuda:90, which also lets a CPU-only machine lower
+for a GPU), else the first GPU jax sees, else Triton's interpreter (TRITON_INTERPRET=1 on the CPU).
+"""
+import dataclasses
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+
+from jgmm import config_table, ffi
+from jgmm.triton_kernels import geometry
+from jgmm.triton_kernels import gmm as gmm_kernels
+from jgmm.triton_kernels import tgmm as tgmm_kernels
+
+_DEFAULT_NUM_SMS = {90: 132, 80: 108}  # When lowering for JGMM_TARGET without such a GPU present.
+_INTERPRETER_PROGRAMS = 4  # Programs of a persistent grid under the interpreter (each runs in turn).
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+  arch: str | None  # "sm90", "gfx942", ...; None under the interpreter
+  num_sms: int
+  tma: bool  # whether kernels may build tensor descriptors
+
+
+def _command_buffers_capture_custom_calls():
+  flag = re.search(r"--xla_gpu_enable_command_buffer=(\S*)", os.environ.get("XLA_FLAGS", ""))
+  return flag is None or "CUSTOM_CALL" in flag.group(1).upper().split(",")
+
+
+def _cuda_tma(capability):
+  """Whether kernels may build tensor descriptors on this CUDA device.
+
+  Device-side descriptors live in Triton's per-program global scratch, which jaxlib allocates at every
+  launch (cudaMallocAsync). XLA's command buffers (CUDA graphs, on by default) cannot capture that
+  allocation ("Failed to create a child graph node": seen on an H200 with jax 0.11.2), so TMA is used only
+  where command buffers leave custom calls out, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= .
+  """
+  if capability < 90 or _command_buffers_capture_custom_calls():
+    return False
+  from jgmm.ffi import _jaxlib
+  try:
+    return _jaxlib.supports_global_scratch(_jaxlib.plugin("cuda"))
+  except RuntimeError:
+    return False
+
+
+def _device():
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  named = os.environ.get("JGMM_TARGET")
+  if named:
+    platform, _, arch = named.partition(":")
+    if platform == "cuda":
+      capability = int(arch)
+      num_sms = gpus[0].core_count if gpus else _DEFAULT_NUM_SMS.get(capability, 132)
+      return _Device(f"sm{capability}", num_sms, _cuda_tma(capability))
+    return _Device(arch, gpus[0].core_count if gpus else 304, False)
+  if gpus:
+    capability = str(gpus[0].compute_capability)
+    if capability.startswith("gfx"):
+      return _Device(capability.split(":")[0], gpus[0].core_count, False)
+    major, minor = capability.split(".")[:2]
+    capability = int(major) * 10 + int(minor)
+    return _Device(f"sm{capability}", gpus[0].core_count, _cuda_tma(capability))
+  return _Device(None, _INTERPRETER_PROGRAMS, True)
+
+
+def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation, save_preactivation,
+        config):
+  """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out), per group g.
+
+  lhs (M, K); rhs (G, K, N), or (G, N, K) if transpose_rhs; bounds int32 (G + 1,), sanitised: rows of
+  group g are [bounds[g], bounds[g + 1]); bias (G, N) or None; existing_out (M, N_out) out_dtype or None
+  (aliased: the output reuses its buffer). Rows outside [bounds[0], bounds[G]) are zeros (or keep
+  existing_out). activation None|"relu"|"gelu"|"gelu_tanh"|"silu"|"swiglu" (N_out = N / 2: silu(gate) * up
+  of the [gate | up] column halves; N_out = N otherwise). Returns out, or (out, h) with h (M, N) = the
+  pre-activation product + bias in out_dtype if save_preactivation.
+  """
+  m, k = lhs.shape
+  num_groups = rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  swiglu = activation == "swiglu"
+  n_out = n // 2 if swiglu else n
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    out = jnp.zeros((0, n_out), out_dtype) if existing_out is None else existing_out
+    return (out, jnp.zeros((0, n), out_dtype)) if save_preactivation else out
+  device = _device()
+  if config is None:
+    config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
+                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, tma=device.tma)
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
+      m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
+  accumulate = existing_out is not None
+  out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
+                jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
+  # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
+  out, h = ffi.triton_call(
+      lhs, rhs, bounds, bounds if bias is None else bias, existing_out if accumulate else bounds, m,
+      kernel=gmm_kernels.gmm_kernel, out_shape=out_shapes,
+      grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n, config.persistent,
+                             device.num_sms),
+      num_warps=config.num_warps, num_stages=config.num_stages,
+      input_output_aliases={4: 0} if accumulate else None, name="jgmm_gmm",
+      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+      BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
+      ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation, USE_TMA=use_tma)
+  return (out, h) if save_preactivation else out
+
+
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+  """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out[g]).
+
+  lhs (K, M), or (M, K) read transposed if transpose_lhs; rhs (M, N); bounds int32 (G + 1,), sanitised;
+  existing_out (G, K, N) out_dtype or None (aliased). Empty groups give exact zeros (or existing_out).
+  Returns out, or (out, dbias) with dbias (G, N) float32 = per-group column sums of rhs if bias_grad.
+  """
+  m, n = rhs.shape
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  num_groups = bounds.shape[0] - 1
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    out = jnp.zeros((num_groups, k, n), out_dtype) if existing_out is None else existing_out
+    return (out, jnp.zeros((num_groups, n), jnp.float32)) if bias_grad else out
+  device = _device()
+  if config is None:
+    config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
+                                 out_dtype=out_dtype.name, tma=device.tma)
+  use_tma = config.tma and device.tma and geometry.tgmm_tma_ok(
+      m, k, n, transpose_lhs, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
+      config.block_k)
+  accumulate = existing_out is not None
+  out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+                jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
+  out, dbias = ffi.triton_call(
+      lhs, rhs, bounds, existing_out if accumulate else bounds, m,
+      kernel=tgmm_kernels.tgmm_kernel, out_shape=out_shapes,
+      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n, config.persistent,
+                              device.num_sms),
+      num_warps=config.num_warps, num_stages=config.num_stages,
+      input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
+      K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs, ACCUMULATE=accumulate, BIAS_GRAD=bias_grad,
+      USE_TMA=use_tma)
+  return (out, dbias) if bias_grad else out
+
+
+def masked_gmm(x, w, masked_m, *, out_dtype, config):
+  """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
+
+  x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. Tiles wholly past
+  masked_m[g] only write zeros.
+  """
+  num_groups, max_m, k = x.shape
+  n = w.shape[1]
+  out_dtype = jnp.dtype(out_dtype)
+  if max_m == 0:
+    return jnp.zeros((num_groups, 0, n), out_dtype)
+  device = _device()
+  if config is None:
+    config = config_table.lookup("masked", x.dtype.name, max_m, k, n, arch=device.arch,
+                                 out_dtype=out_dtype.name, tma=device.tma)
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
+      num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
+      config.block_k)
+  return ffi.triton_call(
+      x, w, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype),
+      grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
+      K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma)

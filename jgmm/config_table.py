@@ -1,0 +1,118 @@
+"""Kernel configs: the tuned table configs/<arch>.json, a heuristic fallback, and the JGMM_CONFIG override.
+
+Table keys are "<op>/<dtype>/r<rows per group>/k<K>/n<N>", each size rounded up to a power of two:
+  op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K));
+  dtype: the input element type, "bf16", "fp16" or "fp32";
+  rows per group: M / G for gmm and tgmm, expected_m (or max_m) for masked.
+Values are Config fields. Meaning of the blocks per op: gmm and masked tile the output (block_m rows x
+block_n columns) and step block_k along K; tgmm tiles its (K, N) output with block_m along K and block_n
+along N and reduces block_k group rows per step. With activation="swiglu", block_n counts output columns:
+each tile reads 2 * block_n rhs columns (gate and up), so the lookup halves the block_n it finds.
+
+JGMM_CONFIG='{"block_m": 64, ...}' (JSON of Config fields) overrides every looked-up config, for tuning.
+"""
+import dataclasses
+import functools
+import json
+import os
+from importlib import resources
+
+from jgmm.config import Config
+
+_ENV = "JGMM_CONFIG"
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Shared memory a program may use, by architecture (bytes); unknown architectures get the smallest.
+_SHARED_MEMORY = {"sm90": 227 * 1024, "sm80": 163 * 1024, "sm89": 99 * 1024, "sm86": 99 * 1024,
+                  "gfx942": 64 * 1024, "gfx950": 160 * 1024}
+_MIN_SHARED_MEMORY = 64 * 1024
+
+
+def _pow2_at_least(x):
+  return 1 << max(0, int(x) - 1).bit_length()
+
+
+def table_key(op, dtype, rows_per_group, k, n):
+  return (f"{op}/{_DTYPE_NAMES[dtype]}/r{_pow2_at_least(max(rows_per_group, 1))}/k{_pow2_at_least(k)}"
+          f"/n{_pow2_at_least(n)}")
+
+
+@functools.cache
+def _table(arch):
+  """{key: Config} of configs/<arch>.json, or {} if there is none."""
+  try:
+    text = resources.files("jgmm.configs").joinpath(f"{arch}.json").read_text()
+  except FileNotFoundError:
+    return {}
+  return {key: Config(**fields) for key, fields in json.loads(text)["entries"].items()}
+
+
+def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False, tma=False):
+  """Upper bound on the shared memory of a config (Triton 3.6, sm90): every pipeline stage's operand tiles,
+  the epilogue's layout-conversion buffer (one output tile), and with TMA the store's staging tile."""
+  lhs_rows = config.block_m * config.block_k
+  rhs_cols = (config.block_n * (2 if swiglu and op != "tgmm" else 1)) * config.block_k
+  tile = config.block_m * config.block_n * out_itemsize
+  return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile * (2 if tma else 1)
+
+
+def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu, tma):
+  """Shrinks a heuristic config until it fits the shared memory: fewer pipeline stages (down to 2), then
+  block_k down to 32, block_n and block_m down to 64, block_k down to 16."""
+  limit = _SHARED_MEMORY.get(arch, _MIN_SHARED_MEMORY)
+  steps = (("num_stages", 2), ("block_k", 32), ("block_n", 64), ("block_m", 64), ("block_k", 16))
+  while shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu, tma and config.tma) > limit:
+    for field, floor in steps:
+      value = getattr(config, field)
+      if value > floor:
+        config = dataclasses.replace(config, **{field: value - 1 if field == "num_stages" else value // 2})
+        break
+    else:
+      break
+  return config
+
+
+def heuristic(op, dtype, rows_per_group, n):
+  """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
+  on an H200 for these buckets: see docs/perf-notes.md)."""
+  if op == "tgmm":
+    config = Config(block_m=128, block_n=128 if n <= 128 else 256, block_k=16 if rows_per_group <= 32 else 64,
+                    num_warps=8, num_stages=3)
+  elif rows_per_group <= 16:
+    config = Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5)
+  elif rows_per_group <= 32:
+    config = Config(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4)
+  elif rows_per_group <= 96:
+    config = Config(block_m=64, block_n=128 if n <= 2048 else 256, block_k=64, num_warps=4, num_stages=4)
+  else:
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+  if dtype == "float32":  # Twice the bytes per element: half the reduction step, at most 128 columns.
+    config = dataclasses.replace(config, block_k=max(16, config.block_k // 2), block_n=min(128, config.block_n))
+  return config
+
+
+def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, tma=False):
+  """The config for one call: JGMM_CONFIG, else the tuned table entry, else the heuristic.
+
+  op: "gmm", "gmm_t", "tgmm" or "masked"; dtype/out_dtype: numpy dtype names of the inputs and the output;
+  arch: e.g. "sm90" (None under the interpreter: heuristic only); n: rhs columns (both swiglu halves);
+  tma: whether the kernel may use tensor descriptors (they need a staging tile of shared memory).
+  """
+  override = os.environ.get(_ENV)
+  if override:
+    try:
+      fields = json.loads(override)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{_ENV} must be a JSON object of jgmm.Config fields, got {override!r}: {e}") from e
+    if not isinstance(fields, dict):
+      raise ValueError(f"{_ENV} must be a JSON object of jgmm.Config fields, got {override!r}")
+    return Config(**fields)
+  config = _table(arch).get(table_key(op, dtype, rows_per_group, k, n)) if arch else None
+  measured = config is not None and out_dtype == dtype  # Table entries were measured with out = in dtype.
+  if config is None:
+    config = heuristic(op, dtype, rows_per_group, n)
+  if swiglu:  # The same shared memory and registers: two column blocks per tile.
+    config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+  if measured:
+    return config
+  itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}
+  return _fit_shared_memory(op, config, arch, itemsize[dtype], itemsize[out_dtype], swiglu, tma)

@@ -1,0 +1,454 @@
+"""The Triton backend (jgmm/backend_triton.py and its kernels) against a float64 numpy oracle.
+
+CPU: the kernels run under Triton's interpreter (TRITON_INTERPRET=1) through jgmm.ffi, which NaN-poisons
+every output buffer before the kernel runs, so an element the kernel forgets to write fails the check.
+float32 only (the interpreter's bf16/fp16 dots are wrong), small tiles, both the tensor-descriptor (TMA)
+path and the pointer path. Cross-lowering for sm_90 (JGMM_TARGET=cuda:90) proves the kernels compile.
+GPU (skipped without one): bf16/fp16/fp32, real tiles, large odd shapes and offsets past 2^31.
+"""
+import dataclasses
+import math
+import os
+import secrets
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from jgmm import backend_triton
+from jgmm.config import Config
+from jgmm.triton_kernels import gmm as gmm_kernels
+
+ON_GPU = any(d.platform == "gpu" for d in jax.devices())
+SMALL = Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "swiglu")
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# float64 oracle
+
+
+def _activation(name, h):
+  if name is None:
+    return h
+  if name == "relu":
+    return np.maximum(h, 0.0)
+  if name == "gelu":
+    return 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
+  if name == "gelu_tanh":
+    return 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
+  if name == "silu":
+    return h / (1.0 + np.exp(-h))
+  gate, up = np.split(h, 2, axis=-1)  # swiglu
+  return gate / (1.0 + np.exp(-gate)) * up
+
+
+def gmm_oracle(lhs, rhs, bounds, bias, existing, transpose_rhs, activation):
+  """(out, h) in float64: rows of group g get act(lhs @ rhs[g] + bias[g]) (+ existing), h is 0 elsewhere."""
+  lhs, rhs = np.float64(lhs), np.float64(rhs)
+  if transpose_rhs:
+    rhs = rhs.transpose(0, 2, 1)
+  m, n = lhs.shape[0], rhs.shape[2]
+  n_out = n // 2 if activation == "swiglu" else n
+  out = np.zeros((m, n_out)) if existing is None else np.float64(existing).copy()
+  h = np.zeros((m, n))
+  for g in range(rhs.shape[0]):
+    rows = slice(bounds[g], bounds[g + 1])
+    h[rows] = lhs[rows] @ rhs[g] + (0.0 if bias is None else np.float64(bias[g]))
+    out[rows] += _activation(activation, h[rows])
+  return out, h
+
+
+def tgmm_oracle(lhs, rhs, bounds, existing, transpose_lhs):
+  lhs_km = np.float64(lhs).T if transpose_lhs else np.float64(lhs)
+  rhs = np.float64(rhs)
+  groups = len(bounds) - 1
+  out = np.zeros((groups, lhs_km.shape[0], rhs.shape[1])) if existing is None else np.float64(existing).copy()
+  dbias = np.zeros((groups, rhs.shape[1]))
+  for g in range(groups):
+    rows = slice(bounds[g], bounds[g + 1])
+    out[g] += lhs_km[:, rows] @ rhs[rows]
+    dbias[g] = rhs[rows].sum(axis=0)
+  return out, dbias
+
+
+def masked_oracle(x, w, masked_m):
+  out = np.einsum("gmk,gnk->gmn", np.float64(x), np.float64(w))
+  out[np.arange(x.shape[1])[None, :] >= np.asarray(masked_m)[:, None]] = 0.0
+  return out
+
+
+def rel_err(actual, expected):
+  actual = np.float64(np.asarray(actual, np.float32))
+  return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+
+
+class KernelTestBase(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.seed = secrets.randbits(32)
+    self.rng = np.random.default_rng(self.seed)
+
+  def normal(self, shape, dtype=jnp.float32):
+    return jnp.asarray(self.rng.standard_normal(shape), dtype)
+
+  def bounds(self, m, sizes, start=0):
+    """int32 (G + 1,) bounds of consecutive groups of `sizes` rows starting at row `start` (sum <= m)."""
+    bounds = start + np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    assert bounds[-1] <= m
+    return bounds
+
+  def random_bounds(self, m, groups):
+    """Random groups with empty ones, an empty prefix and suffix."""
+    start = int(self.rng.integers(0, max(1, m // 4)))
+    stop = m - int(self.rng.integers(0, max(1, m // 4)))
+    cuts = np.sort(self.rng.integers(start, stop + 1, groups - 1))
+    return np.concatenate([[start], cuts, [stop]]).astype(np.int32)
+
+  def assert_close(self, actual, expected, tol, what=""):
+    actual = np.asarray(actual)
+    self.assertFalse(np.isnan(actual.astype(np.float32)).any(), f"{what}: NaN (unwritten?), seed {self.seed}")
+    err = rel_err(actual, expected)
+    self.assertLess(err, tol, f"{what}: relative error {err:.3g}, seed {self.seed}")
+
+
+def run_gmm(lhs, rhs, bounds, bias=None, existing=None, *, transpose_rhs=False, out_dtype=jnp.float32,
+            activation=None, save_preactivation=False, config=SMALL):
+  fn = jax.jit(lambda l, r, b, bi, e: backend_triton.gmm(
+      l, r, b, bi, e, transpose_rhs=transpose_rhs, out_dtype=out_dtype, activation=activation,
+      save_preactivation=save_preactivation, config=config))
+  return fn(lhs, rhs, jnp.asarray(bounds), bias, existing)
+
+
+def run_tgmm(lhs, rhs, bounds, existing=None, *, transpose_lhs=False, out_dtype=jnp.float32, bias_grad=False,
+             config=SMALL):
+  fn = jax.jit(lambda l, r, b, e: backend_triton.tgmm(
+      l, r, b, e, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=bias_grad, config=config))
+  return fn(lhs, rhs, jnp.asarray(bounds), existing)
+
+
+def run_masked(x, w, masked_m, *, out_dtype=jnp.float32, config=SMALL):
+  fn = jax.jit(lambda a, b, c: backend_triton.masked_gmm(a, b, c, out_dtype=out_dtype, config=config))
+  return fn(x, w, jnp.asarray(masked_m, jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: the interpreter
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedGmmTest(KernelTestBase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    os.environ.pop("JGMM_TARGET", None)
+
+  @parameterized.product(
+      (dict(m=37, k=33, n=24), dict(m=40, k=32, n=48), dict(m=50, k=7, n=32), dict(m=21, k=1, n=7),
+       dict(m=33, k=32, n=1)),
+      transpose_rhs=(False, True),
+      tma=(False, True),
+  )
+  def test_layouts_and_odd_sizes(self, m, k, n, transpose_rhs, tma):
+    groups = 3
+    lhs, rhs = self.normal((m, k)), self.normal((groups, n, k) if transpose_rhs else (groups, k, n))
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=16, block_n=16, block_k=16, tma=tma)
+    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, config=config)
+    self.assert_close(out, gmm_oracle(lhs, rhs, bounds, None, None, transpose_rhs, None)[0], 1e-5)
+
+  @parameterized.product(activation=ACTIVATIONS, transpose_rhs=(False, True), tma=(False, True))
+  def test_activation_bias_and_preactivation(self, activation, transpose_rhs, tma):
+    m, k, n, groups = 45, 32, 64, 4
+    lhs, rhs = self.normal((m, k)), self.normal((groups, n, k) if transpose_rhs else (groups, k, n))
+    bias = self.normal((groups, n))
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=16, block_n=16, block_k=32, tma=tma)
+    out, h = run_gmm(lhs, rhs, bounds, bias, transpose_rhs=transpose_rhs, activation=activation,
+                     save_preactivation=True, config=config)
+    want_out, want_h = gmm_oracle(lhs, rhs, bounds, bias, None, transpose_rhs, activation)
+    self.assertEqual(out.shape, want_out.shape)
+    self.assert_close(out, want_out, 1e-5, "out")
+    self.assert_close(h, want_h, 1e-5, "h")
+
+  @parameterized.product(activation=(None, "silu", "swiglu"), tma=(False, True), save_preactivation=(False, True))
+  def test_existing_out_accumulates_and_keeps_other_rows(self, activation, tma, save_preactivation):
+    m, k, n, groups = 40, 16, 32, 3
+    lhs, rhs = self.normal((m, k)), self.normal((groups, k, n))
+    n_out = n // 2 if activation == "swiglu" else n
+    existing = self.normal((m, n_out))
+    bounds = self.bounds(m, [9, 0, 17], start=5)  # rows 0-4 and 31-39 in no group
+    config = Config(block_m=16, block_n=16, block_k=16, tma=tma)
+    result = run_gmm(lhs, rhs, bounds, None, existing, activation=activation,
+                     save_preactivation=save_preactivation, config=config)
+    want_out, want_h = gmm_oracle(lhs, rhs, bounds, None, existing, False, activation)
+    out = result[0] if save_preactivation else result
+    self.assert_close(out, want_out, 1e-5, "out")
+    np.testing.assert_array_equal(out[:5], existing[:5])
+    np.testing.assert_array_equal(out[31:], existing[31:])
+    if save_preactivation:
+      self.assert_close(result[1], want_h, 1e-5, "h")
+
+  @parameterized.named_parameters(
+      ("single_group", [37]),
+      ("all_empty", [0, 0, 0]),
+      ("empty_prefix_suffix", [0, 12, 0, 0, 9, 0]),
+      ("one_row_groups", [1, 1, 1, 1, 1]),
+  )
+  def test_group_patterns(self, sizes):
+    m, k, n = 37, 16, 32
+    start = (m - sum(sizes)) // 2
+    bounds = self.bounds(m, sizes, start=start)
+    lhs, rhs = self.normal((m, k)), self.normal((len(sizes), k, n))
+    for persistent in (True, False):
+      config = Config(block_m=16, block_n=16, block_k=16, persistent=persistent)
+      out = run_gmm(lhs, rhs, bounds, config=config)
+      want = gmm_oracle(lhs, rhs, bounds, None, None, False, None)[0]
+      self.assert_close(out, want, 1e-5, f"persistent={persistent}")
+      np.testing.assert_array_equal(out[:bounds[0]], 0.0)  # Exact zeros outside the groups.
+      np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
+
+  def test_m_zero(self):
+    out, h = run_gmm(self.normal((0, 8)), self.normal((2, 8, 16)), np.zeros(3, np.int32), save_preactivation=True)
+    self.assertEqual(out.shape, (0, 16))
+    self.assertEqual(h.shape, (0, 16))
+
+  def test_out_dtype_bfloat16(self):
+    m, k, n, groups = 33, 32, 32, 2
+    lhs, rhs = self.normal((m, k)), self.normal((groups, k, n))
+    bounds = self.random_bounds(m, groups)
+    out = run_gmm(lhs, rhs, bounds, out_dtype=jnp.bfloat16)
+    self.assertEqual(out.dtype, jnp.bfloat16)
+    self.assert_close(out, gmm_oracle(lhs, rhs, bounds, None, None, False, None)[0], 1e-2)
+
+  def test_larger_tiles_and_default_config(self):
+    m, k, n, groups = 150, 64, 96, 5
+    lhs, rhs = self.normal((m, k)), self.normal((groups, n, k))
+    bounds = self.random_bounds(m, groups)
+    want = gmm_oracle(lhs, rhs, bounds, None, None, True, None)[0]
+    for config in (Config(block_m=64, block_n=32, block_k=32), None):
+      self.assert_close(run_gmm(lhs, rhs, bounds, transpose_rhs=True, config=config), want, 1e-5, str(config))
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedTgmmTest(KernelTestBase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    os.environ.pop("JGMM_TARGET", None)
+
+  @parameterized.product(
+      (dict(m=40, k=32, n=48), dict(m=37, k=7, n=33), dict(m=29, k=1, n=16), dict(m=35, k=16, n=1)),
+      transpose_lhs=(False, True),
+      persistent=(False, True),
+      tma=(False, True),
+  )
+  def test_layouts_and_sizes(self, m, k, n, transpose_lhs, persistent, tma):
+    groups = 4
+    lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m)), self.normal((m, n))
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=16, block_n=16, block_k=16, persistent=persistent, tma=tma)
+    out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, bias_grad=True, config=config)
+    want, want_dbias = tgmm_oracle(lhs, rhs, bounds, None, transpose_lhs)
+    self.assert_close(out, want, 1e-5, "out")
+    self.assert_close(dbias, want_dbias, 1e-5, "dbias")
+
+  @parameterized.product(transpose_lhs=(False, True), tma=(False, True))
+  def test_empty_groups_are_exact_zeros_and_existing_accumulates(self, transpose_lhs, tma):
+    m, k, n = 40, 32, 32
+    bounds = self.bounds(m, [0, 17, 0, 20, 0], start=2)
+    lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m)), self.normal((m, n))
+    config = Config(block_m=16, block_n=16, block_k=16, tma=tma)
+    out = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, config=config)
+    self.assert_close(out, tgmm_oracle(lhs, rhs, bounds, None, transpose_lhs)[0], 1e-5)
+    for g in (0, 2, 4):
+      np.testing.assert_array_equal(out[g], 0.0)
+    existing = self.normal((5, k, n))
+    out, dbias = run_tgmm(lhs, rhs, bounds, existing, transpose_lhs=transpose_lhs, bias_grad=True, config=config)
+    want, want_dbias = tgmm_oracle(lhs, rhs, bounds, existing, transpose_lhs)
+    self.assert_close(out, want, 1e-5, "out")
+    self.assert_close(dbias, want_dbias, 1e-5, "dbias")
+    np.testing.assert_array_equal(out[0], existing[0])
+
+  def test_m_zero(self):
+    out, dbias = run_tgmm(self.normal((0, 8)), self.normal((0, 16)), np.zeros(4, np.int32), transpose_lhs=True,
+                          bias_grad=True)
+    np.testing.assert_array_equal(out, np.zeros((3, 8, 16)))
+    np.testing.assert_array_equal(dbias, np.zeros((3, 16)))
+
+  def test_default_config(self):
+    m, k, n = 70, 48, 40
+    bounds = self.random_bounds(m, 3)
+    lhs, rhs = self.normal((m, k)), self.normal((m, n))
+    out = run_tgmm(lhs, rhs, bounds, transpose_lhs=True, config=None)
+    self.assert_close(out, tgmm_oracle(lhs, rhs, bounds, None, True)[0], 1e-5)
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedMaskedTest(KernelTestBase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    os.environ.pop("JGMM_TARGET", None)
+
+  @parameterized.product(
+      (dict(max_m=37, k=32, n=24), dict(max_m=16, k=7, n=33), dict(max_m=5, k=1, n=1)),
+      tma=(False, True),
+  )
+  def test_masked(self, max_m, k, n, tma):
+    groups = 4
+    x, w = self.normal((groups, max_m, k)), self.normal((groups, n, k))
+    masked_m = np.array([0, max_m, *self.rng.integers(0, max_m + 1, groups - 2)], np.int32)
+    out = run_masked(x, w, masked_m, config=Config(block_m=16, block_n=16, block_k=16, tma=tma))
+    want = masked_oracle(x, w, masked_m)
+    self.assert_close(out, want, 1e-5)
+    np.testing.assert_array_equal(out[0], 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: cross-lowering for Hopper compiles every kernel variant
+
+
+@absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
+@absltest.skipIf(not hasattr(gmm_kernels.gmm_kernel, "cache_key"),
+                 "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
+class CrossLoweringTest(parameterized.TestCase):
+
+  def lower(self, fn, *args, tma=False):
+    # TMA kernels are built only where XLA's command buffers leave custom calls out (backend_triton._cuda_tma).
+    environ = {"JGMM_TARGET": "cuda:90", "XLA_FLAGS": "--xla_gpu_enable_command_buffer=" if tma else ""}
+    with mock.patch.dict(os.environ, environ):
+      return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+  @parameterized.product(
+      shape=((8192, 4096, 14336, 8), (512, 4096, 2048, 64), (1000, 2880, 5760, 4), (100, 7, 33, 3)),
+      variant=("plain", "transposed_swiglu_bias"),
+      tma=(False, True),
+  )
+  def test_gmm_compiles_for_sm90(self, shape, variant, tma):
+    m, k, n, groups = shape
+    dt = jnp.bfloat16
+    s = jax.ShapeDtypeStruct
+    transpose = variant != "plain"
+    activation = "swiglu" if transpose else None
+    text = self.lower(
+        lambda l, r, b, bi: backend_triton.gmm(l, r, b, bi, None, transpose_rhs=transpose, out_dtype=dt,
+                                               activation=activation, save_preactivation=transpose, config=None),
+        s((m, k), dt), s((groups, n, k) if transpose else (groups, k, n), dt), s((groups + 1,), jnp.int32),
+        s((groups, n), dt) if transpose else None, tma=tma)
+    self.assertIn("triton_kernel_call", text)
+
+  @parameterized.product(dt=(jnp.bfloat16, jnp.float32), tma=(False, True))
+  def test_tgmm_and_masked_compile_for_sm90(self, dt, tma):
+    s = jax.ShapeDtypeStruct
+    m, k, n, groups = 4096, 2048, 1536, 16
+    for transpose_lhs in (True, False):
+      text = self.lower(
+          lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt,
+                                              bias_grad=True, config=None),
+          s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32), tma=tma)
+      self.assertIn("triton_kernel_call", text)
+    text = self.lower(lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, config=None),
+                      s((groups, 256, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32), tma=tma)
+    self.assertIn("triton_kernel_call", text)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+GPU_DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
+GPU_TOLERANCE = {"bf16": 1e-2, "f16": 3e-3, "f32": 3e-3}  # f32 dots use tf32 tensor cores
+
+
+@absltest.skipIf(not ON_GPU, "needs a GPU")
+class GpuKernelTest(KernelTestBase):
+
+  @parameterized.product(
+      (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=513, k=1, n=2880), dict(m=300, k=5760, n=1)),
+      dtype=("bf16", "f16", "f32"),
+      transpose_rhs=(False, True),
+  )
+  def test_gmm(self, m, k, n, dtype, transpose_rhs):
+    groups = 6
+    dt = GPU_DTYPES[dtype]
+    lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
+    bounds = self.random_bounds(m, groups)
+    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=None)
+    want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
+    self.assert_close(out, want, GPU_TOLERANCE[dtype])
+
+  @parameterized.product(activation=ACTIVATIONS, dtype=("bf16", "f32"))
+  def test_gmm_epilogue(self, activation, dtype):
+    m, k, n, groups = 1200, 512, 768, 8
+    dt = GPU_DTYPES[dtype]
+    lhs, rhs, bias = self.normal((m, k), dt), self.normal((groups, k, n), dt), self.normal((groups, n), dt)
+    n_out = n // 2 if activation == "swiglu" else n
+    existing = self.normal((m, n_out), dt)
+    bounds = self.random_bounds(m, groups)
+    out, h = run_gmm(lhs, rhs, bounds, bias, existing, out_dtype=dt, activation=activation,
+                     save_preactivation=True, config=None)
+    want_out, want_h = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, np.float32(bias),
+                                  np.float32(existing), False, activation)
+    self.assert_close(out, want_out, GPU_TOLERANCE[dtype], "out")
+    self.assert_close(h, want_h, GPU_TOLERANCE[dtype], "h")
+
+  @parameterized.product(
+      (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=600, k=1, n=2880)),
+      dtype=("bf16", "f16", "f32"),
+      transpose_lhs=(False, True),
+      persistent=(False, True),
+  )
+  def test_tgmm(self, m, k, n, dtype, transpose_lhs, persistent):
+    groups = 5
+    dt = GPU_DTYPES[dtype]
+    lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m), dt), self.normal((m, n), dt)
+    bounds = self.bounds(m, [0, *self.rng.multinomial(m - 10, np.full(groups - 1, 1 / (groups - 1)))], start=4)
+    config = backend_triton.config_table.lookup("tgmm", np.dtype(dt).name, m / groups, k, n, arch="sm90",
+                                                out_dtype="float32")
+    config = dataclasses.replace(config, persistent=persistent)
+    out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, out_dtype=jnp.float32, bias_grad=True,
+                          config=config)
+    want, want_dbias = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, transpose_lhs)
+    self.assert_close(out, want, GPU_TOLERANCE[dtype], "out")
+    self.assert_close(dbias, want_dbias, 1e-5, "dbias")
+    np.testing.assert_array_equal(out[0], 0.0)
+
+  @parameterized.parameters("bf16", "f16", "f32")
+  def test_masked(self, dtype):
+    dt = GPU_DTYPES[dtype]
+    groups, max_m, k, n = 6, 300, 2880, 1000
+    x, w = self.normal((groups, max_m, k), dt), self.normal((groups, n, k), dt)
+    masked_m = np.array([0, max_m, 1, 63, 64, 200], np.int32)
+    out = run_masked(x, w, masked_m, out_dtype=dt, config=None)
+    self.assert_close(out, masked_oracle(np.float32(x), np.float32(w), masked_m), GPU_TOLERANCE[dtype])
+
+  def test_offsets_past_int32(self):
+    """out (M, N) with M * N > 2^31: the last rows' offsets need int64."""
+    k, n, groups = 16, 5760, 2
+    m = 2**31 // n + 1000
+    lhs, rhs = self.normal((m, k), jnp.bfloat16), self.normal((groups, k, n), jnp.bfloat16)
+    bounds = np.array([0, m // 2, m - 3], np.int32)
+    rows = np.array([0, m // 2 - 1, m // 2, m - 4, m - 3, m - 1])
+    want = np.zeros((len(rows), n))
+    lhs_rows = np.float64(np.asarray(lhs[rows], np.float32))
+    rhs64 = np.float64(np.asarray(rhs, np.float32))
+    for i, r in enumerate(rows):
+      g = np.searchsorted(bounds, r, side="right") - 1
+      if g < groups:
+        want[i] = lhs_rows[i] @ rhs64[g]
+    for tma in (True, False):
+      config = Config(block_m=128, block_n=128, block_k=16, num_warps=8, tma=tma)
+      got = np.asarray(run_gmm(lhs, rhs, bounds, out_dtype=jnp.bfloat16, config=config)[rows], np.float32)
+      self.assertLess(rel_err(got, want), 1e-2, f"tma={tma}")
+      np.testing.assert_array_equal(got[-2:], 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,55 @@
+"""Launch geometry of the kernels: grid sizes and when Hopper tensor descriptors (TMA) may be used.
+
+Pure Python on static shapes; callers pass the device's multiprocessor count and element sizes in bytes.
+"""
+GROUP_M = 8  # Row tiles per band of the L2-friendly tile order (common.tile_coords).
+_TMA_MAX_BLOCK = 256  # Largest box dimension of a tensor descriptor.
+_INT32_LIMIT = 2**31
+
+
+def cdiv(a, b):
+  return -(-a // b)
+
+
+def next_pow2(x):
+  return 1 << max(0, x - 1).bit_length()
+
+
+def gmm_grid(m, n_out, num_groups, block_m, block_n, persistent, num_sms):
+  """Programs of gmm_kernel. Any bounds give at most cdiv(M, block_m) + G + 1 row tiles (one partial tile
+  per group, plus the zero tiles of the rows before the first and after the last group)."""
+  max_tiles = (cdiv(m, block_m) + num_groups + 1) * cdiv(n_out, block_n)
+  return (min(num_sms, max_tiles) if persistent else max_tiles,)
+
+
+def tgmm_grid(k, n, num_groups, block_m, block_n, persistent, num_sms):
+  """Programs of tgmm_kernel: the output tiles, or at most one program per SM when persistent."""
+  tiles = num_groups * cdiv(k, block_m) * cdiv(n, block_n)
+  return (min(num_sms, tiles) if persistent else tiles,)
+
+
+def masked_grid(max_m, n, num_groups, block_m, block_n):
+  return (cdiv(max_m, block_m) * cdiv(n, block_n), num_groups)
+
+
+def _strides_ok(row_lengths, itemsize):
+  return all(length * itemsize % 16 == 0 for length in row_lengths)
+
+
+def _blocks_ok(*blocks):
+  return all(b <= _TMA_MAX_BLOCK for b in blocks)
+
+
+def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize, block_m, block_n, block_k):
+  """Whether gmm_kernel/masked_gmm_kernel may use TMA: every row stride of lhs, rhs (both layouts, both
+  swiglu halves), out and h a multiple of 16 bytes, boxes of at most 256, rows addressable in int32.
+  (Boxes start at multiples of the block along the innermost axis, so their starts are aligned too.)"""
+  return (_strides_ok((k, n_out), in_itemsize) and _strides_ok((n_out,), out_itemsize)
+          and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)
+
+
+def tgmm_tma_ok(m, k, n, transpose_lhs, in_itemsize, out_itemsize, block_m, block_n, block_k):
+  """Whether tgmm_kernel may use TMA: lhs in (M, K) layout (a (K, M) lhs would need boxes starting at any
+  column, and a box's innermost start must be 16-byte aligned); rhs (M, N); out (G, K, N)."""
+  return (transpose_lhs and _strides_ok((k, n), in_itemsize) and _strides_ok((n,), out_itemsize)
+          and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)

@@ -1,0 +1,284 @@
+"""gmm and masked_gmm kernels: out rows of group g = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing).
+
+Shapes (row-major): lhs (M, K); rhs (G, K, N), or (G, N, K) with TRANSPOSE_RHS; bias (G, N); out and
+existing (M, N_OUT); h (M, N), the pre-activation. With ACTIVATION == "swiglu", N = 2 * N_OUT: rhs columns
+are [gate | up] and out = silu(gate) * up; every other activation has N == N_OUT.
+
+Two load/store paths share all tile logic. USE_TMA: Hopper tensor descriptors built on the device (they
+need the launcher's global scratch); whole tiles are stored through the copy engine, tiles that cross their
+group's end through masked stores. Otherwise plain masked pointer loads and stores (sm80, ROCm, strides
+that break TMA's 16-byte rules). Offsets are int64 wherever a product can pass 2^31.
+"""
+import triton
+import triton.language as tl
+
+from jgmm.triton_kernels.common import activation, store_tile, tile_coords
+
+
+@triton.jit
+def _rhs_coords(g, half, n0, k0, TRANSPOSE_RHS: tl.constexpr):
+  """TMA box coordinates of rhs[g, k0:, half * N_OUT + n0:] in the view of _rhs_descriptor."""
+  if TRANSPOSE_RHS:
+    coords = [g, half, n0, k0]
+  else:
+    coords = [g, k0, half, n0]
+  return coords
+
+
+@triton.jit
+def _rhs_box(box, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
+  """A loaded rhs box as the (BLOCK_K, BLOCK_N) operand of the dot."""
+  if TRANSPOSE_RHS:
+    b = box.reshape(BLOCK_N, BLOCK_K).T
+  else:
+    b = box.reshape(BLOCK_K, BLOCK_N)
+  return b
+
+
+@triton.jit
+def _store_out_tile(ptr, desc, value, tile_row0, tile_rows, row_mask, cols, col_mask, row_stride, half, n0, full,
+                    N_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr,
+                    USE_TMA: tl.constexpr):
+  """Stores `value` (BLOCK_M, BLOCK_N) at rows tile_row0 + tile_rows, columns half * N_OUT + n0 + cols of ptr
+  (row_stride elements per row); through TMA when `full`."""
+  tile_ptr = ptr + tile_row0 * row_stride + half * N_OUT + n0
+  if USE_TMA:
+    if full:
+      desc.store([tile_row0.to(tl.int32), half, n0], value.to(desc.dtype).reshape(BLOCK_M, 1, BLOCK_N))
+    else:
+      store_tile(tile_ptr, tile_rows, row_mask, cols, col_mask, row_stride, value, OFFSET)
+  else:
+    store_tile(tile_ptr, tile_rows, row_mask, cols, col_mask, row_stride, value, OFFSET)
+
+
+@triton.jit
+def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc, h_desc,
+             g, row_start, m_g, store_rows, mi, ni,
+             K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+             ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr):
+  """Computes and stores output tile (mi, ni) of group g.
+
+  The group's rows are [row_start, row_start + m_g) of lhs/out; the tile may write rows below
+  row_start + store_rows (store_rows >= m_g), and rows in [m_g, store_rows) get zeros.
+  Pointer path: a 64-bit base pointer per operand tile plus int32 offsets within it (int64 only where a
+  tile's offsets could pass 2^31), which keeps the pipelined loop's registers low.
+  """
+  SWIGLU: tl.constexpr = ACTIVATION == "swiglu"
+  OFFSET: tl.constexpr = (tl.int64 if max(BLOCK_M, BLOCK_N) * max(K, N) >= 2**31 or BLOCK_K * N >= 2**31
+                          else tl.int32)
+  tile_rows = tl.arange(0, BLOCK_M)
+  row_mask = mi * BLOCK_M + tile_rows < m_g
+  tile_row0 = row_start.to(tl.int64) + mi * BLOCK_M
+  n0 = ni * BLOCK_N
+  tile_cols = tl.arange(0, BLOCK_N)
+  col_mask = n0 + tile_cols < N_OUT
+  ks = tl.arange(0, BLOCK_K)
+  g64 = tl.cast(g, tl.int64)
+
+  if not USE_TMA:
+    a_ptr = lhs_ptr + tile_row0 * K
+    a_offsets = tile_rows.to(OFFSET)[:, None] * K + ks[None, :]
+    if TRANSPOSE_RHS:  # rhs plane (N, K): element [k, n] at n * K + k
+      b_ptr = rhs_ptr + g64 * (K * N) + n0 * K
+      b_offsets = tile_cols.to(OFFSET)[None, :] * K + ks[:, None]
+      b_step: tl.constexpr = BLOCK_K
+      up_offset: tl.constexpr = N_OUT * K
+    else:  # rhs plane (K, N): element [k, n] at k * N + n
+      b_ptr = rhs_ptr + g64 * (K * N) + n0
+      b_offsets = ks.to(OFFSET)[:, None] * N + tile_cols[None, :]
+      b_step: tl.constexpr = BLOCK_K * N
+      up_offset: tl.constexpr = N_OUT
+
+  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  if SWIGLU:
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  for k0 in range(0, K, BLOCK_K):
+    if K % BLOCK_K == 0:
+      k_mask = ks < BLOCK_K
+    else:
+      k_mask = ks < K - k0
+    if USE_TMA:
+      a = lhs_desc.load([tile_row0.to(tl.int32), k0])
+      b = _rhs_box(rhs_desc.load(_rhs_coords(g, 0, n0, k0, TRANSPOSE_RHS)), BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+    else:
+      a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+      b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+    acc = tl.dot(a, b, acc)
+    if SWIGLU:
+      if USE_TMA:
+        b_up = _rhs_box(rhs_desc.load(_rhs_coords(g, 1, n0, k0, TRANSPOSE_RHS)), BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+      else:
+        b_up = tl.load(b_ptr + up_offset + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+      acc_up = tl.dot(a, b_up, acc_up)
+    if not USE_TMA:
+      a_ptr += BLOCK_K
+      b_ptr += b_step
+
+  if HAS_BIAS:
+    bias_row = bias_ptr + g64 * N + n0 + tile_cols
+    acc += tl.load(bias_row, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:
+      acc_up += tl.load(bias_row + N_OUT, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+
+  store_mask = mi * BLOCK_M + tile_rows < store_rows
+  full = (mi + 1) * BLOCK_M <= store_rows
+  if SAVE_PRE:
+    _store_out_tile(h_ptr, h_desc, acc, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N, 0, n0, full,
+                    N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+    if SWIGLU:
+      _store_out_tile(h_ptr, h_desc, acc_up, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N, 1, n0,
+                      full, N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+  if SWIGLU:
+    y = acc * tl.sigmoid(acc) * acc_up
+  else:
+    y = activation(acc, ACTIVATION)
+  y = tl.where(row_mask[:, None], y, 0.0)
+  if ACCUMULATE:
+    existing_offsets = tile_rows.to(OFFSET)[:, None] * N_OUT + tile_cols[None, :]
+    y += tl.load(existing_ptr + tile_row0 * N_OUT + n0 + existing_offsets,
+                 mask=store_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+  _store_out_tile(out_ptr, out_desc, y, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N_OUT, 0, n0, full,
+                  N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+
+
+@triton.jit
+def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+  """ptr[row0:row_end (at most BLOCK_M rows), half_offset + n0: (below WIDTH)] = 0; row0 int64."""
+  OFFSET: tl.constexpr = tl.int64 if BLOCK_M * row_stride >= 2**31 else tl.int32
+  rows = tl.arange(0, BLOCK_M)
+  cols = tl.arange(0, BLOCK_N)
+  store_tile(ptr + row0 * row_stride + half_offset + n0, rows, row0 + rows < row_end, cols, n0 + cols < WIDTH,
+             row_stride, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), OFFSET)
+
+
+@triton.jit
+def _rhs_descriptor(rhs_ptr, K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
+  """rhs viewed as (G, K, halves, N_OUT), or (G, halves, N_OUT, K) when transposed: the halves axis lets
+  swiglu's gate and up boxes end exactly at N_OUT (halves = 1 otherwise)."""
+  HALVES: tl.constexpr = N // N_OUT
+  if TRANSPOSE_RHS:
+    desc = tl.make_tensor_descriptor(rhs_ptr, shape=[G, HALVES, N_OUT, K], strides=[N * K, N_OUT * K, K, 1],
+                                     block_shape=[1, 1, BLOCK_N, BLOCK_K])
+  else:
+    desc = tl.make_tensor_descriptor(rhs_ptr, shape=[G, K, HALVES, N_OUT], strides=[K * N, N, N_OUT, 1],
+                                     block_shape=[1, BLOCK_K, 1, BLOCK_N])
+  return desc
+
+
+@triton.jit
+def _rows_descriptor(ptr, num_rows, WIDTH: tl.constexpr, N_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+  """A (num_rows, WIDTH) output viewed as (num_rows, WIDTH // N_OUT halves, N_OUT)."""
+  return tl.make_tensor_descriptor(ptr, shape=[num_rows, WIDTH // N_OUT, N_OUT], strides=[WIDTH, N_OUT, 1],
+                                   block_shape=[BLOCK_M, 1, BLOCK_N])
+
+
+@triton.jit
+def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
+               K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+               TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+               ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr):
+  """Grouped matmul over a static tile schedule.
+
+  bounds (G + 1,) int32: rows of group g are [bounds[g], bounds[g + 1]). Tiles are numbered group by group
+  (row tiles x column tiles each), then come the zero tiles covering rows [0, bounds[0]) and [bounds[G], M)
+  (not with ACCUMULATE, which keeps those rows of existing; h gets zeros there either way). Program p takes
+  tiles p, p + P, p + 2P, ... (P programs): about one per SM (persistent) or one per tile of the bound
+  cdiv(M, BLOCK_M) + G + 1 (non-persistent). Each program keeps the group table (G_POW2 >= G entries) in
+  registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
+  into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
+  epilogue). existing_ptr aliases out_ptr when ACCUMULATE; bias_ptr/existing_ptr/h_ptr are unused
+  placeholders when their flag is off.
+  """
+  N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
+  HALVES: tl.constexpr = N // N_OUT
+  lhs_desc = None
+  rhs_desc = None
+  out_desc = None
+  h_desc = None
+  if USE_TMA:
+    lhs_desc = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    rhs_desc = _rhs_descriptor(rhs_ptr, K, N, N_OUT, G, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+    out_desc = _rows_descriptor(out_ptr, M, N_OUT, N_OUT, BLOCK_M, BLOCK_N)
+    if SAVE_PRE:
+      h_desc = _rows_descriptor(h_ptr, M, N, N_OUT, BLOCK_M, BLOCK_N)
+
+  group = tl.arange(0, G_POW2)
+  in_table = group < G
+  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
+  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
+  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
+  tiles_end = tl.cumsum(group_tiles, axis=0)  # Tiles of groups 0..g (inclusive).
+  num_tiles = tl.sum(group_tiles, axis=0)
+
+  num_programs = tl.num_programs(0)
+  pid = tl.program_id(0)
+  # Triton 3.6 cannot fuse the loop nest around the TMA path's conditional TMA store.
+  for tile in tl.range(pid, num_tiles, num_programs, flatten=not USE_TMA):
+    g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
+    this_group = group == g
+    row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
+    m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
+    first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
+    mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+    gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc, h_desc,
+             g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
+             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA)
+
+  if SAVE_PRE or not ACCUMULATE:
+    first_row = tl.load(bounds_ptr)
+    last_row = tl.load(bounds_ptr + G)
+    head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
+    zero_tiles = head_tiles + tl.cdiv(M - last_row, BLOCK_M) * N_TILES
+    # This program's first tile number past the group tiles, then every P-th.
+    first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
+    for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
+      z = tile - num_tiles
+      if z < head_tiles:
+        row0 = (z // N_TILES) * BLOCK_M
+        row_end = first_row
+      else:
+        row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
+        row_end = M
+      n0 = (z % N_TILES) * BLOCK_N
+      if not ACCUMULATE:
+        _zero_tile(out_ptr, row0.to(tl.int64), row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
+      if SAVE_PRE:
+        for half in tl.static_range(HALVES):
+          _zero_tile(h_ptr, row0.to(tl.int64), row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+
+
+@triton.jit
+def masked_gmm_kernel(x_ptr, w_ptr, masked_m_ptr, MAX_M, out_ptr,
+                      K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      USE_TMA: tl.constexpr):
+  """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below.
+
+  Grid (cdiv(MAX_M, BLOCK_M) * cdiv(N, BLOCK_N), G); masked_m is clipped to [0, MAX_M] by the caller.
+  Tiles wholly past masked_m[g] load nothing and only write zeros.
+  """
+  N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  g = tl.program_id(1)
+  mi, ni = tile_coords(tl.program_id(0), tl.cdiv(MAX_M, BLOCK_M), N_TILES, GROUP_M)
+  m_g = tl.load(masked_m_ptr + g)
+  row_start = tl.cast(g, tl.int64) * MAX_M
+  if mi * BLOCK_M >= m_g:
+    _zero_tile(out_ptr, row_start + mi * BLOCK_M, row_start + MAX_M, ni * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
+  else:
+    x_desc = None
+    w_desc = None
+    out_desc = None
+    if USE_TMA:
+      x_desc = tl.make_tensor_descriptor(x_ptr, shape=[G * MAX_M, K], strides=[K, 1],
+                                         block_shape=[BLOCK_M, BLOCK_K])
+      w_desc = _rhs_descriptor(w_ptr, K, N, N, G, BLOCK_N, BLOCK_K, True)
+      out_desc = _rows_descriptor(out_ptr, G * MAX_M, N, N, BLOCK_M, BLOCK_N)
+    gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc, out_desc, None,
+             g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
+             True, False, False, "none", False, USE_TMA)
