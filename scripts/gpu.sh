@@ -8,7 +8,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python -m pytest -q -x -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -n 25
+python -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -n 25
 python -m jgmm 2>&1 | tee "$out/demo.log"
 python -m jgmm.bench_ffi 2>&1 | tee "$out/bench_ffi.log"
 python -m jgmm.bench --out "$out" 2>&1 | tee "$out/bench.log"
