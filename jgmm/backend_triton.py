@@ -52,6 +52,13 @@ def _cuda_tma(capability):
     return False
 
 
+def _dot_precision():
+  """Triton's input_precision for float32 products: IEEE float32 under
+  jax.default_matmul_precision("float32"/"highest"), else Triton's default (TF32 tensor cores on NVIDIA)."""
+  precision = jax.config.jax_default_matmul_precision
+  return "ieee" if precision in ("float32", "highest") else None
+
+
 def _device():
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   named = os.environ.get("JGMM_TARGET")
@@ -111,7 +118,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       input_output_aliases={4: 0} if accumulate else None, name="jgmm_gmm",
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
       BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
-      ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation, USE_TMA=use_tma)
+      ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation, USE_TMA=use_tma,
+      DOT_PRECISION=_dot_precision())
   return (out, h) if save_preactivation else out
 
 
@@ -148,7 +156,7 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs, ACCUMULATE=accumulate, BIAS_GRAD=bias_grad,
-      USE_TMA=use_tma)
+      USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
   return (out, dbias) if bias_grad else out
 
 
@@ -176,4 +184,4 @@ def masked_gmm(x, w, masked_m, *, out_dtype, config):
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma)
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())

@@ -71,6 +71,11 @@ class OpsTestBase(parameterized.TestCase):
     err = oracle.rel_err(actual, expected)
     self.assertLess(err, TOLERANCE[dtype_name], f"relative error {err:.3g} (seed {self.seed})")
 
+  def check_grads(self, f, args):
+    # Finite differences need exact float32 products: TF32's 1e-3 error swamps them.
+    with jax.default_matmul_precision("float32"):
+      check_grads(f, args, order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+
   def gmm(self, lhs, rhs, sizes, **kwargs):
     """jgmm.gmm under jit; array keyword arguments are traced too."""
     return self._jit(jgmm.gmm, lhs, rhs, sizes, **kwargs)
@@ -188,7 +193,7 @@ class OpsTestBase(parameterized.TestCase):
     sizes = group_sizes("skewed", m, g, self.rng)
     lhs, rhs, bias = self.normal((m, k), jnp.float32), self.normal((g, k, n), jnp.float32), self.normal((g, n), jnp.float32)
     f = lambda x, w, b: jgmm.gmm(x, w, sizes, bias=b, activation=activation, config=self.config, backend=self.backend)
-    check_grads(f, (lhs, rhs, bias), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+    self.check_grads(f, (lhs, rhs, bias))
 
   def test_gmm_grads_transposed_with_existing(self):
     m, k, n, g = 24, 8, 12, 3
@@ -197,7 +202,7 @@ class OpsTestBase(parameterized.TestCase):
     bias, existing = self.normal((g, n), jnp.float32), self.normal((m, n), jnp.float32)
     f = lambda x, w, b, e: jgmm.gmm(x, w, sizes, bias=b, transpose_rhs=True, existing_out=e,
                                      config=self.config, backend=self.backend)
-    check_grads(f, (lhs, rhs, bias, existing), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+    self.check_grads(f, (lhs, rhs, bias, existing))
 
   @parameterized.parameters(False, True)
   def test_tgmm_grads(self, transpose_lhs):
@@ -207,13 +212,13 @@ class OpsTestBase(parameterized.TestCase):
     rhs = self.normal((m, n), jnp.float32)
     f = lambda x, y: jgmm.tgmm(x, y, sizes, transpose_lhs=transpose_lhs, bias_grad=True,
                                config=self.config, backend=self.backend)
-    check_grads(f, (lhs, rhs), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+    self.check_grads(f, (lhs, rhs))
 
   def test_masked_gmm_grads(self):
     x, w = self.normal((3, 8, 6), jnp.float32), self.normal((3, 5, 6), jnp.float32)
     masked_m = jnp.array([3, 0, 8], jnp.int32)
     f = lambda a, b: jgmm.masked_gmm(a, b, masked_m, config=self.config, backend=self.backend)
-    check_grads(f, (x, w), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+    self.check_grads(f, (x, w))
 
   def test_vmap(self):
     b, m, k, n, g = 3, 20, 8, 12, 3

@@ -57,7 +57,8 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
              K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-             ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr):
+             ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr,
+             DOT_PRECISION: tl.constexpr):
   """Computes and stores output tile (mi, ni) of group g.
 
   The group's rows are [row_start, row_start + m_g) of lhs/out; the tile may write rows below
@@ -105,13 +106,13 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
     else:
       a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
       b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-    acc = tl.dot(a, b, acc)
+    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if SWIGLU:
       if USE_TMA:
         b_up = _rhs_box(rhs_desc.load(_rhs_coords(g, 1, n0, k0, TRANSPOSE_RHS)), BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
       else:
         b_up = tl.load(b_ptr + up_offset + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-      acc_up = tl.dot(a, b_up, acc_up)
+      acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
     if not USE_TMA:
       a_ptr += BLOCK_K
       b_ptr += b_step
@@ -182,7 +183,8 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-               ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr):
+               ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
   """Grouped matmul over a static tile schedule.
 
   bounds (G + 1,) int32: rows of group g are [bounds[g], bounds[g + 1]). Tiles are numbered group by group
@@ -228,7 +230,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
     mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc, h_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
-             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA)
+             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, DOT_PRECISION)
 
   if SAVE_PRE or not ACCUMULATE:
     first_row = tl.load(bounds_ptr)
@@ -257,7 +259,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
 def masked_gmm_kernel(x_ptr, w_ptr, masked_m_ptr, MAX_M, out_ptr,
                       K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      USE_TMA: tl.constexpr):
+                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below.
 
   Grid (cdiv(MAX_M, BLOCK_M) * cdiv(N, BLOCK_N), G); masked_m is clipped to [0, MAX_M] by the caller.
@@ -281,4 +283,4 @@ def masked_gmm_kernel(x_ptr, w_ptr, masked_m_ptr, MAX_M, out_ptr,
       out_desc = _rows_descriptor(out_ptr, G * MAX_M, N, N, BLOCK_M, BLOCK_N)
     gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc, out_desc, None,
              g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
-             True, False, False, "none", False, USE_TMA)
+             True, False, False, "none", False, USE_TMA, DOT_PRECISION)

@@ -16,7 +16,7 @@ def _tgmm_tile(lhs_ptr, rhs_ptr, existing_ptr, out_ptr, dbias_ptr, lhs_desc, rhs
                K: tl.constexpr, N: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                TRANSPOSE_LHS: tl.constexpr, ACCUMULATE: tl.constexpr, BIAS_GRAD: tl.constexpr,
-               USE_TMA: tl.constexpr):
+               USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """Output tile (ki, ni) of group g, whose rows are [row_start, row_start + m_g).
 
   With USE_TMA the whole BLOCK_K-row chunks go through the copy engine and only the last partial chunk
@@ -35,7 +35,7 @@ def _tgmm_tile(lhs_ptr, rhs_ptr, existing_ptr, out_ptr, dbias_ptr, lhs_desc, rhs
       r = row_start + j * BLOCK_K
       a = lhs_desc.load([r, ki * BLOCK_M]).T
       b = rhs_desc.load([r, ni * BLOCK_N])
-      acc = tl.dot(a, b, acc)
+      acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
       if BIAS_GRAD:
         col_sum += tl.sum(b.to(tl.float32), axis=0)
     tail_start = full_chunks * BLOCK_K
@@ -62,7 +62,7 @@ def _tgmm_tile(lhs_ptr, rhs_ptr, existing_ptr, out_ptr, dbias_ptr, lhs_desc, rhs
     r_mask = local < m_g - r0
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
     b = tl.load(b_ptr + b_offsets, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-    acc = tl.dot(a, b, acc)
+    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if BIAS_GRAD:
       col_sum += tl.sum(b.to(tl.float32), axis=0)
     a_ptr += a_step
@@ -88,7 +88,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 TRANSPOSE_LHS: tl.constexpr, ACCUMULATE: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                USE_TMA: tl.constexpr):
+                USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) output tiles, group by group; program p takes tiles p, p + P, ...
 
   P is about one program per SM (persistent) or the number of tiles (one tile each). bounds (G + 1,) int32.
@@ -116,4 +116,4 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
     m_g = tl.load(bounds_ptr + g + 1) - row_start
     _tgmm_tile(lhs_ptr, rhs_ptr, existing_ptr, out_ptr, dbias_ptr, lhs_desc, rhs_desc, out_desc,
                M, g, row_start, m_g, ki, ni, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
-               TRANSPOSE_LHS, ACCUMULATE, BIAS_GRAD, USE_TMA)
+               TRANSPOSE_LHS, ACCUMULATE, BIAS_GRAD, USE_TMA, DOT_PRECISION)
