@@ -7,7 +7,6 @@ path and the pointer path. Cross-lowering for sm_90 (JGMM_TARGET=cuda:90) proves
 GPU (skipped without one): bf16/fp16/fp32, real tiles, large odd shapes and offsets past 2^31.
 """
 import dataclasses
-import math
 import os
 import secrets
 from unittest import mock
@@ -17,73 +16,45 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from jgmm import backend_triton
+from jgmm import backend_triton, oracle
 from jgmm.config import Config
 from jgmm.triton_kernels import gmm as gmm_kernels
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "swiglu")
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 # ---------------------------------------------------------------------------------------------------------
-# float64 oracle
+# The float64 oracle (jgmm.oracle) on `bounds`: rows [bounds[0], bounds[-1]) in groups, an empty group 0 before.
 
 
-def _activation(name, h):
-  if name is None:
-    return h
-  if name == "relu":
-    return np.maximum(h, 0.0)
-  if name == "gelu":
-    return 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
-  if name == "gelu_tanh":
-    return 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
-  if name == "silu":
-    return h / (1.0 + np.exp(-h))
-  gate, up = np.split(h, 2, axis=-1)  # swiglu
-  return gate / (1.0 + np.exp(-gate)) * up
+def _groups(bounds):
+  """group_sizes and group_offset that jgmm.oracle reads as the local groups of `bounds`."""
+  bounds = np.asarray(bounds)
+  return np.concatenate([[bounds[0]], np.diff(bounds)]), 1
 
 
 def gmm_oracle(lhs, rhs, bounds, bias, existing, transpose_rhs, activation):
   """(out, h) in float64: rows of group g get act(lhs @ rhs[g] + bias[g]) (+ existing), h is 0 elsewhere."""
-  lhs, rhs = np.float64(lhs), np.float64(rhs)
-  if transpose_rhs:
-    rhs = rhs.transpose(0, 2, 1)
-  m, n = lhs.shape[0], rhs.shape[2]
-  n_out = n // 2 if activation == "swiglu" else n
-  out = np.zeros((m, n_out)) if existing is None else np.float64(existing).copy()
-  h = np.zeros((m, n))
-  for g in range(rhs.shape[0]):
-    rows = slice(bounds[g], bounds[g + 1])
-    h[rows] = lhs[rows] @ rhs[g] + (0.0 if bias is None else np.float64(bias[g]))
-    out[rows] += _activation(activation, h[rows])
+  sizes, offset = _groups(bounds)
+  out = oracle.gmm(lhs, rhs, sizes, bias=bias, transpose_rhs=transpose_rhs, group_offset=offset,
+                   existing_out=existing, activation_name=activation)
+  h = oracle.gmm(lhs, rhs, sizes, bias=bias, transpose_rhs=transpose_rhs, group_offset=offset)
   return out, h
 
 
 def tgmm_oracle(lhs, rhs, bounds, existing, transpose_lhs):
-  lhs_km = np.float64(lhs).T if transpose_lhs else np.float64(lhs)
-  rhs = np.float64(rhs)
-  groups = len(bounds) - 1
-  out = np.zeros((groups, lhs_km.shape[0], rhs.shape[1])) if existing is None else np.float64(existing).copy()
-  dbias = np.zeros((groups, rhs.shape[1]))
-  for g in range(groups):
-    rows = slice(bounds[g], bounds[g + 1])
-    out[g] += lhs_km[:, rows] @ rhs[rows]
-    dbias[g] = rhs[rows].sum(axis=0)
-  return out, dbias
+  sizes, offset = _groups(bounds)
+  return oracle.tgmm(lhs, rhs, sizes, transpose_lhs=transpose_lhs, group_offset=offset,
+                     num_actual_groups=len(bounds) - 1, existing_out=existing)
 
 
-def masked_oracle(x, w, masked_m):
-  out = np.einsum("gmk,gnk->gmn", np.float64(x), np.float64(w))
-  out[np.arange(x.shape[1])[None, :] >= np.asarray(masked_m)[:, None]] = 0.0
-  return out
+masked_oracle = oracle.masked_gmm
 
 
 def rel_err(actual, expected):
-  actual = np.float64(np.asarray(actual, np.float32))
-  return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+  return oracle.rel_err(np.asarray(actual, np.float32), expected)
 
 
 class KernelTestBase(parameterized.TestCase):
