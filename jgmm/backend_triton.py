@@ -160,10 +160,11 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
 
-  x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. Tiles wholly past
+  x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
+  typical masked_m, or None for max_m) picks the tuned config when config is None. Tiles wholly past
   masked_m[g] only write zeros.
   """
   num_groups, max_m, k = x.shape
@@ -173,7 +174,7 @@ def masked_gmm(x, w, masked_m, *, out_dtype, config):
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
   if config is None:
-    config = config_table.lookup("masked", x.dtype.name, max_m, k, n, arch=device.arch,
+    config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
                                  out_dtype=out_dtype.name, tma=device.tma)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,

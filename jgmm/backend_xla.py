@@ -125,9 +125,9 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros elsewhere."""
-  del config  # One batched dot: the dense layout leaves nothing to tile.
+  del expected_m, config  # One batched dot: the dense layout leaves nothing to tile.
   out = _dot(x, w, ((2,), (2,)), batch=((0,), (0,)))
   row = jnp.arange(x.shape[1])
   return jnp.where(row[None, :, None] < masked_m[:, None, None], out, 0).astype(out_dtype)

@@ -153,7 +153,7 @@ def _tgmm(lhs, rhs, bounds, existing_out, s):
 
 
 def _tgmm_fwd(lhs, rhs, bounds, existing_out, s):
-  return _tgmm(*_vary_alike(lhs, rhs, bounds, existing_out), s), (lhs, rhs, bounds)
+  return _tgmm(lhs, rhs, bounds, existing_out, s), (lhs, rhs, bounds)
 
 
 def _tgmm_bwd(s, residuals, cotangents):
@@ -200,22 +200,23 @@ def tgmm(lhs, rhs, group_sizes, *, transpose_lhs=False, preferred_element_type=N
   return _tgmm(*_vary_alike(lhs, rhs, bounds, existing_out), s)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _masked_gmm(x, w, masked_m, out_dtype, config, backend):
-  return primitives.masked_gmm(x, w, masked_m, out_dtype=out_dtype, config=config, backend=backend)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _masked_gmm(x, w, masked_m, out_dtype, expected_m, config, backend):
+  return primitives.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=config,
+                               backend=backend)[0]
 
 
-def _masked_gmm_fwd(x, w, masked_m, out_dtype, config, backend):
-  return _masked_gmm(*_vary_alike(x, w, masked_m), out_dtype, config, backend), (x, w, masked_m)
+def _masked_gmm_fwd(x, w, masked_m, out_dtype, expected_m, config, backend):
+  return _masked_gmm(x, w, masked_m, out_dtype, expected_m, config, backend), (x, w, masked_m)
 
 
-def _masked_gmm_bwd(out_dtype, config, backend, residuals, dout):
+def _masked_gmm_bwd(out_dtype, expected_m, config, backend, residuals, dout):
   del out_dtype, config
   x, w, masked_m = residuals
   dout = dout.astype(x.dtype)
   # dx[g] = dout[g] @ w[g]: w (G, N, K) read as the (G, K, N) layout.
-  (dx,) = primitives.masked_gmm(dout, jnp.swapaxes(w, 1, 2), masked_m, out_dtype=x.dtype, config=None,
-                                backend=backend)
+  (dx,) = primitives.masked_gmm(dout, jnp.swapaxes(w, 1, 2), masked_m, out_dtype=x.dtype,
+                                expected_m=expected_m, config=None, backend=backend)
   valid = (jnp.arange(x.shape[1])[None, :] < masked_m[:, None])[..., None]
   dw = jnp.einsum("gmn,gmk->gnk", jnp.where(valid, dout, 0), jnp.where(valid, x, 0),
                   preferred_element_type=jnp.float32)
@@ -242,7 +243,7 @@ def masked_gmm(x, w, masked_m, *, preferred_element_type=None, expected_m=None, 
   out_dtype, config, backend = validation.check_masked_gmm(x, w, masked_m, preferred_element_type,
                                                            expected_m, config, backend)
   masked_m = jnp.clip(masked_m, 0, x.shape[1]).astype(jnp.int32)
-  return _masked_gmm(*_vary_alike(x, w, masked_m), out_dtype, config, backend)
+  return _masked_gmm(*_vary_alike(x, w, masked_m), out_dtype, expected_m, config, backend)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):

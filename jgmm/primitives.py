@@ -101,8 +101,8 @@ def _tgmm_shapes(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bi
   return [out, jax.core.ShapedArray((num_groups, n), jnp.float32)] if bias_grad else [out]
 
 
-def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, config):
-  del masked_m, config
+def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, expected_m, config):
+  del masked_m, expected_m, config
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
 
 

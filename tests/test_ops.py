@@ -180,7 +180,7 @@ class OpsTestBase(parameterized.TestCase):
     g, max_m, k, n = 4, 24, 16, 20
     masked_m = {"mixed": np.array([5, 0, 24, -2]), "full": np.full(g, 99), "none": np.zeros(g)}[pattern]
     x, w = self.normal((g, max_m, k), DTYPES[dtype]), self.normal((g, n, k), DTYPES[dtype])
-    out = jax.jit(lambda *a: jgmm.masked_gmm(*a, config=self.config, backend=self.backend))(
+    out = jax.jit(lambda *a: jgmm.masked_gmm(*a, expected_m=8, config=self.config, backend=self.backend))(
         x, w, jnp.asarray(masked_m, jnp.int32))
     expected = oracle.masked_gmm(x, w, masked_m)
     if pattern != "none":

@@ -103,7 +103,7 @@ def run_tgmm(lhs, rhs, bounds, existing=None, *, transpose_lhs=False, out_dtype=
 
 
 def run_masked(x, w, masked_m, *, out_dtype=jnp.float32, config=SMALL):
-  fn = jax.jit(lambda a, b, c: backend_triton.masked_gmm(a, b, c, out_dtype=out_dtype, config=config))
+  fn = jax.jit(lambda a, b, c: backend_triton.masked_gmm(a, b, c, out_dtype=out_dtype, expected_m=None, config=config))
   return fn(x, w, jnp.asarray(masked_m, jnp.int32))
 
 
@@ -326,7 +326,7 @@ class CrossLoweringTest(parameterized.TestCase):
                                               bias_grad=True, config=None),
           s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32), tma=tma)
       self.assertIn("triton_kernel_call", text)
-    text = self.lower(lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, config=None),
+    text = self.lower(lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, expected_m=None, config=None),
                       s((groups, 256, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32), tma=tma)
     self.assertIn("triton_kernel_call", text)
 
