@@ -20,9 +20,40 @@ from jax.interpreters import ad, batching, mlir
 from triton.compiler import make_backend
 
 from jgmm.ffi import _compile, _dtypes, _jaxlib
-from jgmm.ffi.interpret import run_interpreted
+from jgmm.ffi.interpret import host_tensor_descriptor, run_interpreted
 
 _MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA launch limits per axis (ROCm's are at least as large)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorDescriptor:
+    """A host-side TMA tensor descriptor over a whole array, for a kernel's tensor-descriptor param.
+
+    Pass it to triton_call in place of the array: the kernel param (used as `desc.load([i, j])`,
+    `desc.store(...)`) gets a CUDA tensor map that jaxlib encodes over the array's buffer at launch, plus the
+    shape and strides Triton's launcher passes with it. The descriptor spans base's full shape, row-major.
+
+    base: a jax array, rank 1-5, every dimension >= 1 and < 2**31, rows a multiple of 16 bytes.
+    block_shape: the tile one load/store moves, one power of 2 per dimension of base.
+    padding: what loads read outside base: "zero", or "nan" (float dtypes only).
+
+    Needs a CUDA GPU with TMA (sm_90+) and jaxlib >= 0.11; runs anywhere under TRITON_INTERPRET=1.
+    """
+
+    base: object
+    block_shape: tuple
+    padding: str = "zero"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Descriptor:
+    """The static part of a TensorDescriptor argument; its base is the next array operand."""
+
+    block_shape: tuple
+    padding: str
+
+    def triton_type(self, dtype) -> str:
+        return f"tensordesc<{_dtypes.triton_type(dtype)}[{', '.join(map(str, self.block_shape))}]>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +68,8 @@ class _Scalar:
 class _Call:
     """Everything about one launch except the array operands; hashable (a primitive parameter).
 
-    args: per positional kernel argument, None for an array operand (in operand order) or a _Scalar.
+    args: per positional kernel argument, None for an array operand (in operand order), a _Descriptor over the
+      next array operand, or a _Scalar.
     aliases: (operand index, output index) pairs: the output's buffer is that operand's buffer.
     aliased_outputs_appended: whether the kernel takes a pointer param for aliased outputs too (all outputs
       appended after the args) or only for the others (the aliased operand's param is the output).
@@ -151,19 +183,22 @@ def _pointer_attrs(target: _compile.Target, aval) -> str:
 
 
 def _specialize(call: _Call, target: _compile.Target, operand_avals):
-    """Triton signature, constexprs, attrs for `call`, and per kernel param what jaxlib passes (or None)."""
+    """Triton signature, constexprs, attrs for `call`, and per runtime kernel param what jaxlib passes: None (a
+    constexpr 1), ('array', buffer, aval), ('descriptor', buffer, aval, _Descriptor) or ('scalar', _Scalar)."""
     backend = make_backend(target.triton_target)
     fn = _compile.jit_function(call.kernel)
     constexprs = dict(call.constexprs)
     runtime_params = [p for p in fn.params if not p.is_constexpr]
     operand_iter = iter(range(len(operand_avals)))
-    arg_values = []  # per runtime param: ('array', buffer index, aval) or ('scalar', _Scalar)
+    # Per runtime param: ('array', buffer index, aval), ('descriptor', buffer index, aval, _Descriptor) or
+    # ('scalar', _Scalar).
+    arg_values = []
     for arg in call.args:
-        if arg is None:
-            i = next(operand_iter)
-            arg_values.append(("array", i, operand_avals[i]))
-        else:
+        if isinstance(arg, _Scalar):
             arg_values.append(("scalar", arg))
+            continue
+        i = next(operand_iter)
+        arg_values.append(("array", i, operand_avals[i]) if arg is None else ("descriptor", i, operand_avals[i], arg))
     n_operands = len(operand_avals)
     for rank, k in enumerate(call.appended_outputs):
         arg_values.append(("array", n_operands + rank, call.out_avals[k]))
@@ -177,7 +212,12 @@ def _specialize(call: _Call, target: _compile.Target, operand_avals):
             signature[p.name] = "*" + _dtypes.triton_type(aval.dtype)
             if not (p.do_not_specialize or p.do_not_specialize_on_alignment):
                 attrs[(p.num,)] = backend.parse_attr(_pointer_attrs(target, aval))
-            launch.append(value)
+            launch.append((kind, *value))
+            continue
+        if kind == "descriptor":
+            _, aval, descriptor = value
+            signature[p.name] = descriptor.triton_type(aval.dtype)
+            launch.append((kind, *value))
             continue
         (scalar,) = value
         is_int = scalar.triton_type not in ("i1", "fp32")
@@ -189,16 +229,40 @@ def _specialize(call: _Call, target: _compile.Target, operand_avals):
         signature[p.name] = scalar.triton_type
         if is_int and scalar.value % 16 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
             attrs[(p.num,)] = backend.parse_attr("D")
-        launch.append(scalar)
+        launch.append((kind, scalar))
     return {p.name: signature[p.name] for p in fn.params}, constexprs, attrs, launch
+
+
+def _descriptor_parameters(module, meta: dict, aval, descriptor: _Descriptor, call_name: str) -> list:
+    """jaxlib parameters for one host tensor-descriptor param, as Triton's CUDA launcher expands it: the tensor
+    map (encoded by jaxlib over the operand's buffer), then the shape as i32 and the strides as i64."""
+    if meta.get("is_im2col") or meta.get("fp4_padded"):
+        raise NotImplementedError(f"{call_name}: im2col and fp4-padded tensor descriptors are not supported")
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST  # only the CUDA backend has it
+
+    shape = tuple(aval.shape)
+    strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    parameters = [_jaxlib.tma_descriptor_parameter(
+        module, elem_type=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], swizzle=meta["swizzle"], shape=shape,
+        strides=strides, block_shape=tuple(meta["block_size"]), nan_padding=descriptor.padding == "nan")]
+    parameters += [_jaxlib.scalar_parameter(module, dim, "i32") for dim in shape]
+    parameters += [_jaxlib.scalar_parameter(module, stride, "i64") for stride in strides]
+    return parameters
 
 
 def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
     target = _lowering_target(platform, ctx)
+    module = _jaxlib.plugin(platform)
+    has_descriptors = any(isinstance(arg, _Descriptor) for arg in call.args)
+    if has_descriptors:
+        _jaxlib.check_tma_descriptors(module, platform, call.name)
     signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
     compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps,
                                        call.num_stages)
-    module = _jaxlib.plugin(platform)
+    if has_descriptors and not compiled.tensordesc_meta:
+        raise NotImplementedError(
+            f"{call.name}: Triton lowered the kernel's tensor-descriptor params to plain pointers for {target} (no "
+            "TMA); host TensorDescriptor arguments need a GPU with TMA (cuda:90 or newer)")
     # Bytes to zero per buffer: zeroed outputs, on the operand buffer when the output aliases an operand.
     alias_of_output = call.alias_of_output
     appended = call.appended_outputs
@@ -209,13 +273,19 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
         buffer = alias_of_output[k] if k in alias_of_output else n_operands + appended.index(k)
         zero_bytes[buffer] = aval.size * aval.dtype.itemsize
     parameters = []
+    descriptor_meta = iter(compiled.tensordesc_meta)
     for entry in launch:
         if entry is None:
             continue
-        if isinstance(entry, _Scalar):
-            parameters.append(_jaxlib.scalar_parameter(module, entry.value, entry.triton_type))
+        kind, *value = entry
+        if kind == "scalar":
+            (scalar,) = value
+            parameters.append(_jaxlib.scalar_parameter(module, scalar.value, scalar.triton_type))
+        elif kind == "descriptor":
+            _, aval, descriptor = value
+            parameters += _descriptor_parameters(module, next(descriptor_meta), aval, descriptor, call.name)
         else:
-            buffer, _ = entry
+            buffer, _ = value
             parameters.append(_jaxlib.array_parameter(module, zero_bytes.get(buffer, 0), 16))
     opaque = _jaxlib.serialized_call(
         module, kernel_name=compiled.name, call_name=call.name, num_warps=call.num_warps,
@@ -269,7 +339,14 @@ def _run_on_host(call: _Call, *operands):
             buffer = _poisoned(aval)
         outputs.append(buffer)
     operand_iter = iter(inputs)
-    args = [next(operand_iter) if arg is None else arg.value for arg in call.args]
+    args = []
+    for arg in call.args:
+        if isinstance(arg, _Scalar):
+            args.append(arg.value)
+        elif isinstance(arg, _Descriptor):
+            args.append(host_tensor_descriptor(next(operand_iter), arg.block_shape, arg.padding))
+        else:
+            args.append(next(operand_iter))
     args += [outputs[k] for k in call.appended_outputs]
     run_interpreted(call.kernel, call.grid, args, dict(call.constexprs))
     return outputs
@@ -313,15 +390,43 @@ def _normalize_grid(grid, meta: dict, name: str) -> tuple:
     return grid
 
 
+def _static_descriptor(descriptor: TensorDescriptor, i: int, name: str) -> _Descriptor:
+    """Checks a TensorDescriptor argument at trace time; returns its static part."""
+    base = descriptor.base
+    what = f"{name}: argument {i} (TensorDescriptor)"
+    if not (hasattr(base, "shape") and hasattr(base, "dtype")):
+        raise TypeError(f"{what}: base must be a jax array, got {type(base).__name__}")
+    _dtypes.triton_type(base.dtype)
+    shape, itemsize = tuple(base.shape), np.dtype(base.dtype).itemsize
+    if not 1 <= len(shape) <= 5 or not all(1 <= d < 2**31 for d in shape):
+        raise ValueError(f"{what}: base must have rank 1-5 and dimensions in [1, 2**31), got shape {shape}")
+    if len(shape) > 1 and shape[-1] * itemsize % 16:
+        raise ValueError(f"{what}: base rows must be a multiple of 16 bytes (TMA strides), got shape {shape} of "
+                         f"{np.dtype(base.dtype).name}")
+    try:
+        block_shape = tuple(operator.index(b) for b in descriptor.block_shape)
+    except TypeError as e:
+        raise TypeError(f"{what}: block_shape must be ints, got {descriptor.block_shape!r}") from e
+    if len(block_shape) != len(shape) or any(b < 1 or b & (b - 1) for b in block_shape):
+        raise ValueError(f"{what}: block_shape must be one power of 2 per dimension of base {shape}, got "
+                         f"{block_shape}")
+    if descriptor.padding not in ("zero", "nan"):
+        raise ValueError(f"{what}: padding must be 'zero' or 'nan', got {descriptor.padding!r}")
+    if descriptor.padding == "nan" and not jax.numpy.issubdtype(base.dtype, np.floating):
+        raise ValueError(f"{what}: padding='nan' needs a floating-point base, got {np.dtype(base.dtype).name}")
+    return _Descriptor(block_shape, descriptor.padding)
+
+
 def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: int = 3,
                 input_output_aliases: dict | None = None, zeroed_outputs: Sequence[int] = (), name: str | None = None,
                 **constexprs):
     """Calls a @triton.jit kernel on JAX arrays; usable inside jit (vmap loops over the batch, no autodiff).
 
     Args:
-      *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers)
-        and python bool/int/float scalars (static: baked into the compiled kernel's launch; ints equal to 1 and
-        multiples of 16 specialize the kernel as Triton's launcher does).
+      *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers),
+        TensorDescriptors (for tensor-descriptor params: a host TMA descriptor over an array) and python
+        bool/int/float scalars (static: baked into the compiled kernel's launch; ints equal to 1 and multiples of
+        16 specialize the kernel as Triton's launcher does).
       kernel: a @triton.jit function.
       out_shape: a jax.ShapeDtypeStruct (then one array is returned) or a sequence of them (then a list).
         Each output gets a pointer param after all args, in order. An output aliased to an input (see
@@ -329,7 +434,8 @@ def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: 
         declares exactly one param fewer per aliased output, is written through the input's param.
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
       num_warps, num_stages: Triton compile options.
-      input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input.
+      input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input, an
+        array (not a TensorDescriptor).
       zeroed_outputs: output indices set to zero before the launch (the others start undefined).
       name: name of the call in errors and profiles; defaults to the kernel's name.
       **constexprs: the kernel's tl.constexpr params by name (defaults apply to those left out).
@@ -363,14 +469,18 @@ def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: 
         if isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
             value = arg.item() if isinstance(arg, np.generic) else arg
             call_args.append(_Scalar(_dtypes.scalar_type(value), value))
+        elif isinstance(arg, TensorDescriptor):
+            call_args.append(_static_descriptor(arg, i, name))
+            operands.append(arg.base)
         elif hasattr(arg, "shape") and hasattr(arg, "dtype"):
             _dtypes.triton_type(arg.dtype)
             call_args.append(None)
             operands.append(arg)
         else:
-            raise TypeError(f"{name}: argument {i} must be a jax array or a python bool/int/float, "
-                            f"got {type(arg).__name__}")
-    operand_index = {i: sum(a is None for a in call_args[:i]) for i, a in enumerate(call_args) if a is None}
+            raise TypeError(f"{name}: argument {i} must be a jax array, a TensorDescriptor or a python "
+                            f"bool/int/float, got {type(arg).__name__}")
+    operand_index = {i: sum(not isinstance(a, _Scalar) for a in call_args[:i])
+                     for i, a in enumerate(call_args) if a is None}
 
     aliases = []
     for arg_i, out_k in (input_output_aliases or {}).items():

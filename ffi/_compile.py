@@ -84,6 +84,7 @@ class CompiledKernel:
     shared_mem_bytes: int
     global_scratch_size: int
     global_scratch_align: int
+    tensordesc_meta: tuple  # per tensor-descriptor param, Triton's TMA layout (dicts); empty if lowered to pointers
     target: Target
 
 
@@ -138,7 +139,8 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
     result = CompiledKernel(
         name=metadata.name, binary=binary, asm=dict(compiled.asm), shared_mem_bytes=metadata.shared,
         global_scratch_size=getattr(metadata, "global_scratch_size", None) or 0,
-        global_scratch_align=getattr(metadata, "global_scratch_align", None) or 1, target=target)
+        global_scratch_align=getattr(metadata, "global_scratch_align", None) or 1,
+        tensordesc_meta=tuple(getattr(metadata, "tensordesc_meta", None) or ()), target=target)
     with _cache_lock:
         _cache[key] = result
     return result

@@ -3,9 +3,11 @@
 Differences handled here, by feature detection on the installed jaxlib:
   * jax 0.10.2: ``TritonKernel(name, num_warps, num_ctas, shared_mem, ptx, ttir, compute_capability)``; no
     global scratch (kernels that need it, e.g. device-side tensor descriptors, are refused), no host-side TMA
-    descriptor parameters.
+    descriptor parameters (host TensorDescriptor arguments are refused).
   * jax 0.11.x / 0.12.x: ``TritonKernel(..., global_scratch_size=None, global_scratch_align=None)``: jaxlib
-    allocates the per-program scratch at launch; ``create_tma_descriptor_parameter`` exists.
+    allocates the per-program scratch at launch; ``create_tma_descriptor_parameter(elem_type, swizzle, shape,
+    strides, block_shape, oob_fill)`` makes a parameter that takes the next buffer and encodes a CUDA tensor map
+    over it at launch (NVIDIA only; strides in elements, row-major).
 All versions serialize the call into the same ``TritonAnyKernelCall`` proto, read by the typed-FFI target
 ``triton_kernel_call_ffi`` (zlib-compressed, string attribute ``opaque``).
 """
@@ -63,12 +65,31 @@ def supports_tma_descriptors(module) -> bool:
     return hasattr(module, "create_tma_descriptor_parameter")
 
 
+def check_tma_descriptors(module, platform: str, kernel_name: str) -> None:
+    """Raises NotImplementedError unless jaxlib can build host-side TMA descriptors for `platform`."""
+    if platform != "cuda":
+        raise NotImplementedError(
+            f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} builds host-side "
+            f"TMA descriptors only for NVIDIA GPUs, not {platform!r}")
+    if not supports_tma_descriptors(module):
+        raise NotImplementedError(
+            f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} has no "
+            "create_tma_descriptor_parameter (needs jaxlib >= 0.11)")
+
+
 def array_parameter(module, bytes_to_zero: int, divisibility: int):
     return module.create_array_parameter(bytes_to_zero, divisibility)
 
 
 def scalar_parameter(module, value, triton_type: str):
     return module.create_scalar_parameter(value, triton_type)
+
+
+def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tuple, strides: tuple,
+                             block_shape: tuple, nan_padding: bool):
+    """A CUtensorMap over the next buffer (elem_type: host CUtensorMapDataType; strides in elements)."""
+    return module.create_tma_descriptor_parameter(elem_type, swizzle, list(shape), list(strides), list(block_shape),
+                                                  int(nan_padding))
 
 
 def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int,

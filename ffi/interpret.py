@@ -6,6 +6,7 @@ import threading
 import numpy as np
 from triton.runtime import interpreter as _interpreter
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jgmm.ffi import _dtypes
 
@@ -21,6 +22,16 @@ class _HostPointer:
 
     def data_ptr(self) -> int:
         return self._address
+
+
+def host_tensor_descriptor(array: np.ndarray, block_shape: tuple, padding: str) -> TensorDescriptor:
+    """Triton's host TensorDescriptor over a whole C-contiguous array (which the caller keeps alive)."""
+    strides = [int(np.prod(array.shape[d + 1:])) for d in range(array.ndim)]
+    # Triton checks padding="nan" against torch's dtype.is_floating_point, which a Triton dtype lacks: the
+    # descriptor is built with zero padding, then given the caller's (whose dtype triton_call has checked).
+    descriptor = TensorDescriptor(_HostPointer(array), list(array.shape), strides, list(block_shape))
+    descriptor.padding = padding
+    return descriptor
 
 
 class _InPlaceGridExecutor(_interpreter.GridExecutor):
@@ -82,8 +93,9 @@ def run_interpreted(kernel, grid: tuple, args: list, constexprs: dict) -> None:
 
     kernel: a @triton.jit function (decorated with or without TRITON_INTERPRET=1).
     grid: tuple of 1-3 ints, the number of programs per axis.
-    args: numpy arrays (pointer params, C-contiguous, mutated in place) and python int/float/bool scalars, in
-      positional order of the kernel's non-constexpr params.
+    args: numpy arrays (pointer params, C-contiguous, mutated in place), Triton TensorDescriptors from
+      host_tensor_descriptor (tensor-descriptor params) and python int/float/bool scalars, in positional order of
+      the kernel's non-constexpr params.
     constexprs: the kernel's tl.constexpr params by name (num_warps/num_stages are not passed).
     """
     function = _interpreted(kernel)
@@ -98,6 +110,8 @@ def run_interpreted(kernel, grid: tuple, args: list, constexprs: dict) -> None:
             if not arg.flags.c_contiguous or not arg.flags.writeable:
                 raise ValueError(f"{function.__name__}: array arguments must be C-contiguous and writeable")
             pointers.append(_HostPointer(arg))
+        elif isinstance(arg, TensorDescriptor):
+            pointers.append(arg)
         elif isinstance(arg, (bool, int, float, np.integer, np.floating, np.bool_)):
             pointers.append(arg.item() if isinstance(arg, np.generic) else arg)
         else:

@@ -95,6 +95,26 @@ def _descriptor_scale_kernel(x_ptr, M, N, out_ptr, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
+def _descriptor_matmul_kernel(a_desc, b_desc, M, N, K, c_ptr, BM: tl.constexpr, BN: tl.constexpr,
+                              BK: tl.constexpr):
+    """c (M, N) = a (M, K) @ b (K, N), loading a and b through host tensor descriptors (zero padding)."""
+    row, col = tl.program_id(0) * BM, tl.program_id(1) * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        acc += tl.dot(a_desc.load([row, k0]), b_desc.load([k0, col]), input_precision="ieee")
+    rows, cols = row + tl.arange(0, BM), col + tl.arange(0, BN)
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _descriptor_tile_copy_kernel(x_desc, out_cols, out_ptr, BM: tl.constexpr, BN: tl.constexpr):
+    """Copies whole (BM, BN) tiles of x, padding included, into out (tile multiples of x's shape)."""
+    row, col = tl.program_id(0) * BM, tl.program_id(1) * BN
+    rows, cols = row + tl.arange(0, BM), col + tl.arange(0, BN)
+    tl.store(out_ptr + rows[:, None] * out_cols + cols[None, :], x_desc.load([row, col]))
+
+
+@triton.jit
 def _broken_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.arange(0, BLOCK * 2))  # shape mismatch
@@ -113,6 +133,31 @@ def matmul(a, b, bm=16, bn=16, bk=16):
     (m, k), (_, n) = a.shape, b.shape
     return ffi.triton_call(a, b, m, n, k, kernel=_matmul_kernel, out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
                            grid=(triton.cdiv(m, bm), triton.cdiv(n, bn)), BM=bm, BN=bn, BK=bk)
+
+
+def descriptor_matmul(a, b, bm=16, bn=16, bk=16):
+    (m, k), (_, n) = a.shape, b.shape
+    return ffi.triton_call(ffi.TensorDescriptor(a, (bm, bk)), ffi.TensorDescriptor(b, (bk, bn)), m, n, k,
+                           kernel=_descriptor_matmul_kernel, out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+                           grid=(triton.cdiv(m, bm), triton.cdiv(n, bn)), BM=bm, BN=bn, BK=bk)
+
+
+def descriptor_tile_copy(x, padding, bm=16, bn=8):
+    rows, cols = triton.cdiv(x.shape[0], bm) * bm, triton.cdiv(x.shape[1], bn) * bn
+    return ffi.triton_call(ffi.TensorDescriptor(x, (bm, bn), padding), cols, kernel=_descriptor_tile_copy_kernel,
+                           out_shape=jax.ShapeDtypeStruct((rows, cols), x.dtype),
+                           grid=(rows // bm, cols // bn), BM=bm, BN=bn)
+
+
+def _check_tile_copy(test, x, got, padding):
+    m, n = x.shape
+    np.testing.assert_array_equal(got[:m, :n], x)
+    outside = np.concatenate([got[m:].ravel(), got[:m, n:].ravel()])
+    test.assertNotEmpty(outside)
+    if padding == "zero":
+        np.testing.assert_array_equal(outside, 0)  # also proves the (NaN-poisoned) padding was written
+    else:
+        test.assertTrue(np.isnan(outside).all())
 
 
 @jax.custom_vjp
@@ -189,6 +234,18 @@ class InterpreterTest(parameterized.TestCase):
         a, b = _random(self.rng, (m, k)), _random(self.rng, (k, n))
         got = jax.jit(matmul)(*self._cpu(a, b))
         np.testing.assert_allclose(np.asarray(got), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+    @parameterized.parameters((37, 52, 28), (16, 16, 16), (5, 4, 8))
+    def test_host_tensor_descriptor_matmul(self, m, k, n):
+        a, b = _random(self.rng, (m, k)), _random(self.rng, (k, n))
+        got = jax.jit(descriptor_matmul)(*self._cpu(a, b))
+        np.testing.assert_allclose(np.asarray(got), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+    @parameterized.parameters("zero", "nan")
+    def test_host_tensor_descriptor_padding(self, padding):
+        x = _random(self.rng, (37, 20))
+        got = np.asarray(jax.jit(lambda x: descriptor_tile_copy(x, padding))(*self._cpu(x)))
+        _check_tile_copy(self, x, got, padding)
 
     def test_vmap_loops_over_batch(self):
         x, y = _random(self.rng, (3, 70)), _random(self.rng, 70)
@@ -285,6 +342,27 @@ class InterpreterTest(parameterized.TestCase):
             ffi.triton_call(x, x, 8, kernel=lambda *a: None, out_shape=out, grid=(1,))
         with self.assertRaisesRegex(TypeError, "argument 2 must be a jax array"):
             ffi.triton_call(x, x, "8", kernel=_add_kernel, out_shape=out, grid=(1,), BLOCK=8)
+        a = jnp.ones((32, 20), jnp.float32)
+        call = lambda desc, **kw: ffi.triton_call(desc, 24, kernel=_descriptor_tile_copy_kernel,
+                                                  out_shape=jax.ShapeDtypeStruct((32, 24), a.dtype), grid=(2, 3),
+                                                  BM=16, BN=8, **kw)
+        with self.assertRaisesRegex(ValueError, r"argument 0 \(TensorDescriptor\): block_shape must be one power"):
+            call(ffi.TensorDescriptor(a, (16, 6)))
+        with self.assertRaisesRegex(ValueError, "block_shape must be one power of 2 per dimension"):
+            call(ffi.TensorDescriptor(a, (16,)))
+        with self.assertRaisesRegex(ValueError, "padding must be 'zero' or 'nan'"):
+            call(ffi.TensorDescriptor(a, (16, 8), "inf"))
+        with self.assertRaisesRegex(ValueError, "padding='nan' needs a floating-point base"):
+            call(ffi.TensorDescriptor(jnp.ones((32, 20), jnp.int32), (16, 8), "nan"))
+        with self.assertRaisesRegex(ValueError, "multiple of 16 bytes"):
+            call(ffi.TensorDescriptor(jnp.ones((32, 6), jnp.float32), (16, 8)))
+        with self.assertRaisesRegex(ValueError, r"dimensions in \[1, 2\*\*31\)"):
+            call(ffi.TensorDescriptor(jnp.ones((0, 20), jnp.float32), (16, 8)))
+        with self.assertRaisesRegex(TypeError, "base must be a jax array"):
+            call(ffi.TensorDescriptor([1.0], (16, 8)))
+        with self.assertRaisesRegex(ValueError, "must index an array argument"):
+            ffi.triton_call(ffi.TensorDescriptor(a, (16, 8)), 24, kernel=_descriptor_tile_copy_kernel, out_shape=a,
+                            grid=(2, 3), BM=16, BN=8, input_output_aliases={0: 0})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -376,6 +454,39 @@ class CrossLoweringTest(parameterized.TestCase):
             with self.assertRaisesRegex(NotImplementedError, "global scratch"):
                 _lower_for("cuda", fn, x)
 
+    def test_host_tensor_descriptor_kernel(self):
+        self._target("cuda:90")
+        a, b = jax.ShapeDtypeStruct((40, 24), jnp.float32), jax.ShapeDtypeStruct((24, 36), jnp.float32)
+        if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+            with self.assertRaisesRegex(NotImplementedError,
+                                        rf"jaxlib {re.escape(jax.lib.__version__)} has no create_tma_descriptor"):
+                _lower_for("cuda", descriptor_matmul, a, b)
+            return
+        before = set(_compile._cache)
+        protos = _custom_call_protos(_lower_for("cuda", descriptor_matmul, a, b))
+        self.assertLen(protos, 1)
+        (key,) = set(_compile._cache) - before
+        compiled = _compile._cache[key]
+        self.assertEqual(dict(key[1])["a_desc"], "tensordesc<fp32[16, 16]>")
+        self.assertEqual([m["block_size"] for m in compiled.tensordesc_meta], [[16, 16], [16, 16]])
+        # The CUtensorMaps are by-value 128-byte params, each followed by its shape (i32) and strides (i64).
+        params = re.findall(r"\.param (.*?) _descriptor_matmul_kernel_param_\d+", compiled.asm["ptx"])
+        self.assertEqual(params[:10], [".align 64 .b8", ".u32", ".u32", ".u64", ".u64"] * 2)
+        self.assertIn(b".target sm_90a", protos[0])
+        self.assertIn(compiled.name.encode(), protos[0])
+
+    def test_host_tensor_descriptor_needs_tma(self):
+        x = jax.ShapeDtypeStruct((32, 20), jnp.float32)
+        message = ("no create_tma_descriptor" if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
+                   else "lowered the kernel's tensor-descriptor params to plain pointers for cuda:80")
+        self._target("cuda:80")
+        with self.assertRaisesRegex(NotImplementedError, message):
+            _lower_for("cuda", lambda x: descriptor_tile_copy(x, "zero"), x)
+        self._target("rocm:gfx942")
+        with self.assertRaisesRegex(NotImplementedError, rf"jaxlib {re.escape(jax.lib.__version__)} builds host-side "
+                                    "TMA descriptors only for NVIDIA GPUs"):
+            _lower_for("rocm", lambda x: descriptor_tile_copy(x, "zero"), x)
+
     @parameterized.parameters("gfx942", "gfx950")
     def test_rocm(self, arch):
         if not _HAS_HIP_BACKEND:
@@ -463,6 +574,27 @@ class GpuTest(parameterized.TestCase):
                                                 out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4, 3),
                                                 BM=16, BN=32))(x)
         np.testing.assert_array_equal(np.asarray(got), 2 * x)
+
+    def _skip_unless_tma(self):
+        if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+            self.skipTest("this jaxlib cannot build host-side TMA descriptors")
+        if _compile.device_target("cuda", jax.devices()[0]).arch < 90:
+            self.skipTest("host-side TMA descriptors need sm_90+")
+
+    @parameterized.parameters((37, 52, 28), (128, 64, 96))
+    def test_host_tensor_descriptor_matmul(self, m, k, n):
+        self._skip_unless_tma()
+        a, b = _random(self.rng, (m, k)), _random(self.rng, (k, n))
+        got = jax.jit(descriptor_matmul)(a, b)
+        np.testing.assert_allclose(np.asarray(got), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+    @parameterized.parameters("zero", "nan")
+    def test_host_tensor_descriptor_padding(self, padding):
+        self._skip_unless_tma()
+        for _ in range(3):  # leave NaN garbage in freed device memory the output may reuse
+            jax.block_until_ready(jnp.full((4096,), jnp.nan) + 1).delete()
+        x = _random(self.rng, (37, 20))
+        _check_tile_copy(self, x, np.asarray(jax.jit(lambda x: descriptor_tile_copy(x, padding))(x)), padding)
 
     def test_compile_failure_is_an_exception(self):
         x = jnp.ones(32, jnp.float32)
