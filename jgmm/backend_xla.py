@@ -10,7 +10,6 @@ Zero carries start from `lax.full_like(lhs, ...)` so that inside shard_map they 
 `bounds` (G + 1,) int32, sanitised by the caller: rows of local group g are [bounds[g], bounds[g + 1]), with
 0 <= bounds[0] <= ... <= bounds[G] <= M.
 """
-import jax
 import jax.numpy as jnp
 from jax import lax
 
