@@ -27,7 +27,7 @@ _MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA launch limits per axis (ROCm's are
 
 @dataclasses.dataclass(frozen=True)
 class TensorDescriptor:
-    """A host-side TMA tensor descriptor over a whole array, for a kernel's tensor-descriptor param.
+  """A host-side TMA tensor descriptor over a whole array, for a kernel's tensor-descriptor param.
 
     Pass it to triton_call in place of the array: the kernel param (used as `desc.load([i, j])`,
     `desc.store(...)`) gets a CUDA tensor map that jaxlib encodes over the array's buffer at launch, plus the
@@ -40,33 +40,33 @@ class TensorDescriptor:
     Needs a CUDA GPU with TMA (sm_90+) and jaxlib >= 0.11; runs anywhere under TRITON_INTERPRET=1.
     """
 
-    base: object
-    block_shape: tuple
-    padding: str = "zero"
+  base: object
+  block_shape: tuple
+  padding: str = "zero"
 
 
 @dataclasses.dataclass(frozen=True)
 class _Descriptor:
-    """The static part of a TensorDescriptor argument; its base is the next array operand."""
+  """The static part of a TensorDescriptor argument; its base is the next array operand."""
 
-    block_shape: tuple
-    padding: str
+  block_shape: tuple
+  padding: str
 
-    def triton_type(self, dtype) -> str:
-        return f"tensordesc<{_dtypes.triton_type(dtype)}[{', '.join(map(str, self.block_shape))}]>"
+  def triton_type(self, dtype) -> str:
+    return f"tensordesc<{_dtypes.triton_type(dtype)}[{', '.join(map(str, self.block_shape))}]>"
 
 
 @dataclasses.dataclass(frozen=True)
 class _Scalar:
-    """A python scalar kernel argument, static in the traced program."""
+  """A python scalar kernel argument, static in the traced program."""
 
-    triton_type: str
-    value: bool | int | float
+  triton_type: str
+  value: bool | int | float
 
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """Everything about one launch except the array operands; hashable (a primitive parameter).
+  """Everything about one launch except the array operands; hashable (a primitive parameter).
 
     args: per positional kernel argument, None for an array operand (in operand order), a _Descriptor over the
       next array operand, or a _Scalar.
@@ -75,27 +75,26 @@ class _Call:
       appended after the args) or only for the others (the aliased operand's param is the output).
     """
 
-    kernel: object
-    name: str
-    args: tuple
-    out_avals: tuple
-    grid: tuple
-    num_warps: int
-    num_stages: int
-    constexprs: tuple
-    aliases: tuple
-    aliased_outputs_appended: bool
-    zeroed_outputs: tuple
+  kernel: object
+  name: str
+  args: tuple
+  out_avals: tuple
+  grid: tuple
+  num_warps: int
+  num_stages: int
+  constexprs: tuple
+  aliases: tuple
+  aliased_outputs_appended: bool
+  zeroed_outputs: tuple
 
-    @property
-    def alias_of_output(self) -> dict:
-        return {out: operand for operand, out in self.aliases}
+  @property
+  def alias_of_output(self) -> dict:
+    return {out: operand for operand, out in self.aliases}
 
-    @property
-    def appended_outputs(self) -> list:
-        """Output indices that get a pointer param after the args, in param order."""
-        return [k for k in range(len(self.out_avals))
-                if self.aliased_outputs_appended or k not in self.alias_of_output]
+  @property
+  def appended_outputs(self) -> list:
+    """Output indices that get a pointer param after the args, in param order."""
+    return [k for k in range(len(self.out_avals)) if self.aliased_outputs_appended or k not in self.alias_of_output]
 
 
 triton_call_p = Primitive("jgmm_triton_call")
@@ -103,8 +102,8 @@ triton_call_p.multiple_results = True
 
 
 def _abstract_eval(*avals, call: _Call):
-    del avals
-    return list(call.out_avals)
+  del avals
+  return list(call.out_avals)
 
 
 triton_call_p.def_abstract_eval(_abstract_eval)
@@ -112,315 +111,331 @@ triton_call_p.def_abstract_eval(_abstract_eval)
 
 @functools.partial(jax.jit, static_argnames="call")
 def _impl(*operands, call: _Call):
-    """Outside jit: compile the one call (cached per call) and run it."""
-    return triton_call_p.bind(*operands, call=call)
+  """Outside jit: compile the one call (cached per call) and run it."""
+  return triton_call_p.bind(*operands, call=call)
 
 
 triton_call_p.def_impl(_impl)
 
 
 def _jvp(primals, tangents, *, call: _Call):
-    del primals, tangents
-    raise NotImplementedError(
-        f"triton_call of {call.name!r} has no derivative rule: wrap it in jax.custom_vjp with a backward pass")
+  del primals, tangents
+  raise NotImplementedError(
+      f"triton_call of {call.name!r} has no derivative rule: wrap it in jax.custom_vjp with a backward pass")
 
 
 ad.primitive_jvps[triton_call_p] = _jvp
 
 
 def _batch(operands, dims, *, call: _Call):
-    """vmap: one launch per batch element, in a lax.map loop."""
-    batched_index = [i for i, d in enumerate(dims) if d is not None]
-    batched = [jax.numpy.moveaxis(operands[i], dims[i], 0) for i in batched_index]
+  """vmap: one launch per batch element, in a lax.map loop."""
+  batched_index = [i for i, d in enumerate(dims) if d is not None]
+  batched = [jax.numpy.moveaxis(operands[i], dims[i], 0) for i in batched_index]
 
-    def one(slices):
-        full = list(operands)
-        for i, x in zip(batched_index, slices):
-            full[i] = x
-        return triton_call_p.bind(*full, call=call)
+  def one(slices):
+    full = list(operands)
+    for i, x in zip(batched_index, slices):
+      full[i] = x
+    return triton_call_p.bind(*full, call=call)
 
-    return lax.map(one, batched), [0] * len(call.out_avals)
+  return lax.map(one, batched), [0] * len(call.out_avals)
 
 
 batching.primitive_batchers[triton_call_p] = _batch
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPU lowering
 
 
 def _lowering_target(platform: str, ctx) -> _compile.Target:
-    named = _compile.env_target(platform)
-    if named is not None:
-        return named
-    axis_context = ctx.module_context.axis_context
-    devices = getattr(axis_context, "device_assignment", None)
-    if devices is None and getattr(axis_context, "mesh", None) is not None:
-        devices = getattr(axis_context.mesh, "devices", None)
-    devices = list(np.asarray(devices, dtype=object).flat) if devices is not None else []
-    if not devices:
-        try:
-            devices = jax.devices(platform)
-        except RuntimeError:
-            devices = []
-    targets = {_compile.device_target(platform, d) for d in devices} - {None}
-    if not targets:
-        raise RuntimeError(
-            f"cannot tell which {platform} GPU to compile the Triton kernel for (no {platform} device in this "
-            f"computation); set {_compile.TARGET_ENV}, e.g. {_compile.TARGET_ENV}=cuda:90 or rocm:gfx942")
-    if len(targets) > 1:
-        raise ValueError(f"the computation spans GPUs of different architectures {sorted(map(str, targets))}; "
-                         "one Triton custom call carries one binary")
-    return targets.pop()
+  named = _compile.env_target(platform)
+  if named is not None:
+    return named
+  axis_context = ctx.module_context.axis_context
+  devices = getattr(axis_context, "device_assignment", None)
+  if devices is None and getattr(axis_context, "mesh", None) is not None:
+    devices = getattr(axis_context.mesh, "devices", None)
+  devices = list(np.asarray(devices, dtype=object).flat) if devices is not None else []
+  if not devices:
+    try:
+      devices = jax.devices(platform)
+    except RuntimeError:
+      devices = []
+  targets = {_compile.device_target(platform, d) for d in devices} - {None}
+  if not targets:
+    raise RuntimeError(
+        f"cannot tell which {platform} GPU to compile the Triton kernel for (no {platform} device in this "
+        f"computation); set {_compile.TARGET_ENV}, e.g. {_compile.TARGET_ENV}=cuda:90 or rocm:gfx942")
+  if len(targets) > 1:
+    raise ValueError(f"the computation spans GPUs of different architectures {sorted(map(str, targets))}; "
+                     "one Triton custom call carries one binary")
+  return targets.pop()
 
 
 def _pointer_attrs(target: _compile.Target, aval) -> str:
-    """Triton specialization of a pointer param: 16-byte aligned (XLA buffers are), and on ROCm within 2 GiB."""
-    desc = "D"
-    if target.platform == "rocm" and triton.knobs.amd.use_buffer_ops and aval.size * aval.dtype.itemsize < 2**31:
-        desc += "S"
-    return desc
+  """Triton specialization of a pointer param: 16-byte aligned (XLA buffers are), and on ROCm within 2 GiB."""
+  desc = "D"
+  if target.platform == "rocm" and triton.knobs.amd.use_buffer_ops and aval.size * aval.dtype.itemsize < 2**31:
+    desc += "S"
+  return desc
 
 
 def _specialize(call: _Call, target: _compile.Target, operand_avals):
-    """Triton signature, constexprs, attrs for `call`, and per runtime kernel param what jaxlib passes: None (a
+  """Triton signature, constexprs, attrs for `call`, and per runtime kernel param what jaxlib passes: None (a
     constexpr 1), ('array', buffer, aval), ('descriptor', buffer, aval, _Descriptor) or ('scalar', _Scalar)."""
-    backend = make_backend(target.triton_target)
-    fn = _compile.jit_function(call.kernel)
-    constexprs = dict(call.constexprs)
-    runtime_params = [p for p in fn.params if not p.is_constexpr]
-    operand_iter = iter(range(len(operand_avals)))
-    # Per runtime param: ('array', buffer index, aval), ('descriptor', buffer index, aval, _Descriptor) or
-    # ('scalar', _Scalar).
-    arg_values = []
-    for arg in call.args:
-        if isinstance(arg, _Scalar):
-            arg_values.append(("scalar", arg))
-            continue
-        i = next(operand_iter)
-        arg_values.append(("array", i, operand_avals[i]) if arg is None else ("descriptor", i, operand_avals[i], arg))
-    n_operands = len(operand_avals)
-    for rank, k in enumerate(call.appended_outputs):
-        arg_values.append(("array", n_operands + rank, call.out_avals[k]))
-    signature, attrs, launch = {}, {}, []
-    for p in fn.params:
-        if p.is_constexpr:
-            signature[p.name] = "constexpr"
-    for p, (kind, *value) in zip(runtime_params, arg_values):
-        if kind == "array":
-            _, aval = value
-            signature[p.name] = "*" + _dtypes.triton_type(aval.dtype)
-            if not (p.do_not_specialize or p.do_not_specialize_on_alignment):
-                attrs[(p.num,)] = backend.parse_attr(_pointer_attrs(target, aval))
-            launch.append((kind, *value))
-            continue
-        if kind == "descriptor":
-            _, aval, descriptor = value
-            signature[p.name] = descriptor.triton_type(aval.dtype)
-            launch.append((kind, *value))
-            continue
-        (scalar,) = value
-        is_int = scalar.triton_type not in ("i1", "fp32")
-        if is_int and scalar.value == 1 and not p.do_not_specialize:
-            signature[p.name] = "constexpr"
-            constexprs[p.name] = 1
-            launch.append(None)
-            continue
-        signature[p.name] = scalar.triton_type
-        if is_int and scalar.value % 16 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
-            attrs[(p.num,)] = backend.parse_attr("D")
-        launch.append((kind, scalar))
-    return {p.name: signature[p.name] for p in fn.params}, constexprs, attrs, launch
+  backend = make_backend(target.triton_target)
+  fn = _compile.jit_function(call.kernel)
+  constexprs = dict(call.constexprs)
+  runtime_params = [p for p in fn.params if not p.is_constexpr]
+  operand_iter = iter(range(len(operand_avals)))
+  # Per runtime param: ('array', buffer index, aval), ('descriptor', buffer index, aval, _Descriptor) or
+  # ('scalar', _Scalar).
+  arg_values = []
+  for arg in call.args:
+    if isinstance(arg, _Scalar):
+      arg_values.append(("scalar", arg))
+      continue
+    i = next(operand_iter)
+    arg_values.append(("array", i, operand_avals[i]) if arg is None else ("descriptor", i, operand_avals[i], arg))
+  n_operands = len(operand_avals)
+  for rank, k in enumerate(call.appended_outputs):
+    arg_values.append(("array", n_operands + rank, call.out_avals[k]))
+  signature, attrs, launch = {}, {}, []
+  for p in fn.params:
+    if p.is_constexpr:
+      signature[p.name] = "constexpr"
+  for p, (kind, *value) in zip(runtime_params, arg_values):
+    if kind == "array":
+      _, aval = value
+      signature[p.name] = "*" + _dtypes.triton_type(aval.dtype)
+      if not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+        attrs[(p.num,)] = backend.parse_attr(_pointer_attrs(target, aval))
+      launch.append((kind, *value))
+      continue
+    if kind == "descriptor":
+      _, aval, descriptor = value
+      signature[p.name] = descriptor.triton_type(aval.dtype)
+      launch.append((kind, *value))
+      continue
+    (scalar,) = value
+    is_int = scalar.triton_type not in ("i1", "fp32")
+    if is_int and scalar.value == 1 and not p.do_not_specialize:
+      signature[p.name] = "constexpr"
+      constexprs[p.name] = 1
+      launch.append(None)
+      continue
+    signature[p.name] = scalar.triton_type
+    if is_int and scalar.value % 16 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+      attrs[(p.num,)] = backend.parse_attr("D")
+    launch.append((kind, scalar))
+  return {p.name: signature[p.name] for p in fn.params}, constexprs, attrs, launch
 
 
 def _descriptor_parameters(module, meta: dict, aval, descriptor: _Descriptor, call_name: str) -> list:
-    """jaxlib parameters for one host tensor-descriptor param, as Triton's CUDA launcher expands it: the tensor
+  """jaxlib parameters for one host tensor-descriptor param, as Triton's CUDA launcher expands it: the tensor
     map (encoded by jaxlib over the operand's buffer), then the shape as i32 and the strides as i64."""
-    if meta.get("is_im2col") or meta.get("fp4_padded"):
-        raise NotImplementedError(f"{call_name}: im2col and fp4-padded tensor descriptors are not supported")
-    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST  # only the CUDA backend has it
+  if meta.get("is_im2col") or meta.get("fp4_padded"):
+    raise NotImplementedError(f"{call_name}: im2col and fp4-padded tensor descriptors are not supported")
+  from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST  # only the CUDA backend has it
 
-    shape = tuple(aval.shape)
-    strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
-    parameters = [_jaxlib.tma_descriptor_parameter(
-        module, elem_type=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], swizzle=meta["swizzle"], shape=shape,
-        strides=strides, block_shape=tuple(meta["block_size"]), nan_padding=descriptor.padding == "nan")]
-    parameters += [_jaxlib.scalar_parameter(module, dim, "i32") for dim in shape]
-    parameters += [_jaxlib.scalar_parameter(module, stride, "i64") for stride in strides]
-    return parameters
+  shape = tuple(aval.shape)
+  strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+  parameters = [
+      _jaxlib.tma_descriptor_parameter(module,
+                                       elem_type=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                                       swizzle=meta["swizzle"],
+                                       shape=shape,
+                                       strides=strides,
+                                       block_shape=tuple(meta["block_size"]),
+                                       nan_padding=descriptor.padding == "nan")
+  ]
+  parameters += [_jaxlib.scalar_parameter(module, dim, "i32") for dim in shape]
+  parameters += [_jaxlib.scalar_parameter(module, stride, "i64") for stride in strides]
+  return parameters
 
 
 def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
-    target = _lowering_target(platform, ctx)
-    module = _jaxlib.plugin(platform)
-    has_descriptors = any(isinstance(arg, _Descriptor) for arg in call.args)
-    if has_descriptors:
-        _jaxlib.check_tma_descriptors(module, platform, call.name)
-    signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
-    compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps,
-                                       call.num_stages)
-    if has_descriptors and not compiled.tensordesc_meta:
-        raise NotImplementedError(
-            f"{call.name}: Triton lowered the kernel's tensor-descriptor params to plain pointers for {target} (no "
-            "TMA); host TensorDescriptor arguments need a GPU with TMA (cuda:90 or newer)")
-    # Bytes to zero per buffer: zeroed outputs, on the operand buffer when the output aliases an operand.
-    alias_of_output = call.alias_of_output
-    appended = call.appended_outputs
-    n_operands = len(operands)
-    zero_bytes = {}
-    for k in call.zeroed_outputs:
-        aval = call.out_avals[k]
-        buffer = alias_of_output[k] if k in alias_of_output else n_operands + appended.index(k)
-        zero_bytes[buffer] = aval.size * aval.dtype.itemsize
-    parameters = []
-    descriptor_meta = iter(compiled.tensordesc_meta)
-    for entry in launch:
-        if entry is None:
-            continue
-        kind, *value = entry
-        if kind == "scalar":
-            (scalar,) = value
-            parameters.append(_jaxlib.scalar_parameter(module, scalar.value, scalar.triton_type))
-        elif kind == "descriptor":
-            _, aval, descriptor = value
-            parameters += _descriptor_parameters(module, next(descriptor_meta), aval, descriptor, call.name)
-        else:
-            buffer, _ = value
-            parameters.append(_jaxlib.array_parameter(module, zero_bytes.get(buffer, 0), 16))
-    opaque = _jaxlib.serialized_call(
-        module, kernel_name=compiled.name, call_name=call.name, num_warps=call.num_warps,
-        shared_mem_bytes=compiled.shared_mem_bytes, binary=compiled.binary,
-        compute_capability=target.arch if target.platform == "cuda" else 0,
-        global_scratch_size=compiled.global_scratch_size, global_scratch_align=compiled.global_scratch_align,
-        grid=call.grid, parameters=parameters)
-    # jaxlib hands the kernel its buffers in order (operands, then results): results whose buffer the kernel
-    # takes as a param come first, aliased results it does not take go last.
-    result_order = appended + [k for k in range(len(call.out_avals)) if k not in appended]
-    custom_ctx = ctx.replace(avals_out=[call.out_avals[k] for k in result_order])
-    rule = jax.ffi.ffi_lowering(
-        _jaxlib.CUSTOM_CALL_TARGET, api_version=4, has_side_effect=False,
-        operand_output_aliases={operand: result_order.index(k) for operand, k in call.aliases})
-    results = rule(custom_ctx, *operands, opaque=opaque)
-    by_output = dict(zip(result_order, results))
-    return [by_output[k] for k in range(len(call.out_avals))]
+  target = _lowering_target(platform, ctx)
+  module = _jaxlib.plugin(platform)
+  has_descriptors = any(isinstance(arg, _Descriptor) for arg in call.args)
+  if has_descriptors:
+    _jaxlib.check_tma_descriptors(module, platform, call.name)
+  signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
+  compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps, call.num_stages)
+  if has_descriptors and not compiled.tensordesc_meta:
+    raise NotImplementedError(
+        f"{call.name}: Triton lowered the kernel's tensor-descriptor params to plain pointers for {target} (no "
+        "TMA); host TensorDescriptor arguments need a GPU with TMA (cuda:90 or newer)")
+  # Bytes to zero per buffer: zeroed outputs, on the operand buffer when the output aliases an operand.
+  alias_of_output = call.alias_of_output
+  appended = call.appended_outputs
+  n_operands = len(operands)
+  zero_bytes = {}
+  for k in call.zeroed_outputs:
+    aval = call.out_avals[k]
+    buffer = alias_of_output[k] if k in alias_of_output else n_operands + appended.index(k)
+    zero_bytes[buffer] = aval.size * aval.dtype.itemsize
+  parameters = []
+  descriptor_meta = iter(compiled.tensordesc_meta)
+  for entry in launch:
+    if entry is None:
+      continue
+    kind, *value = entry
+    if kind == "scalar":
+      (scalar,) = value
+      parameters.append(_jaxlib.scalar_parameter(module, scalar.value, scalar.triton_type))
+    elif kind == "descriptor":
+      _, aval, descriptor = value
+      parameters += _descriptor_parameters(module, next(descriptor_meta), aval, descriptor, call.name)
+    else:
+      buffer, _ = value
+      parameters.append(_jaxlib.array_parameter(module, zero_bytes.get(buffer, 0), 16))
+  opaque = _jaxlib.serialized_call(module,
+                                   kernel_name=compiled.name,
+                                   call_name=call.name,
+                                   num_warps=call.num_warps,
+                                   shared_mem_bytes=compiled.shared_mem_bytes,
+                                   binary=compiled.binary,
+                                   compute_capability=target.arch if target.platform == "cuda" else 0,
+                                   global_scratch_size=compiled.global_scratch_size,
+                                   global_scratch_align=compiled.global_scratch_align,
+                                   grid=call.grid,
+                                   parameters=parameters)
+  # jaxlib hands the kernel its buffers in order (operands, then results): results whose buffer the kernel
+  # takes as a param come first, aliased results it does not take go last.
+  result_order = appended + [k for k in range(len(call.out_avals)) if k not in appended]
+  custom_ctx = ctx.replace(avals_out=[call.out_avals[k] for k in result_order])
+  rule = jax.ffi.ffi_lowering(_jaxlib.CUSTOM_CALL_TARGET,
+                              api_version=4,
+                              has_side_effect=False,
+                              operand_output_aliases={
+                                  operand: result_order.index(k) for operand, k in call.aliases
+                              })
+  results = rule(custom_ctx, *operands, opaque=opaque)
+  by_output = dict(zip(result_order, results))
+  return [by_output[k] for k in range(len(call.out_avals))]
 
 
 for _platform in ("cuda", "rocm"):
-    mlir.register_lowering(triton_call_p, functools.partial(_gpu_lowering, platform=_platform),
-                           platform=_platform)
-
+  mlir.register_lowering(triton_call_p, functools.partial(_gpu_lowering, platform=_platform), platform=_platform)
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU lowering: Triton's interpreter in a host callback
 
 
 def _poisoned(aval) -> np.ndarray:
-    """An output buffer whose unwritten elements stand out: NaN for floats, the minimum for integers."""
-    dtype = np.dtype(aval.dtype)
-    if dtype == np.bool_:
-        return np.ones(aval.shape, dtype)
-    if np.issubdtype(dtype, np.integer):
-        return np.full(aval.shape, np.iinfo(dtype).min, dtype)
-    return np.full(aval.shape, np.nan, dtype)
+  """An output buffer whose unwritten elements stand out: NaN for floats, the minimum for integers."""
+  dtype = np.dtype(aval.dtype)
+  if dtype == np.bool_:
+    return np.ones(aval.shape, dtype)
+  if np.issubdtype(dtype, np.integer):
+    return np.full(aval.shape, np.iinfo(dtype).min, dtype)
+  return np.full(aval.shape, np.nan, dtype)
 
 
 def _run_on_host(call: _Call, *operands):
-    inputs = [np.array(x, copy=True, order="C") for x in operands]
-    alias_of_output = call.alias_of_output
-    outputs = []
-    for k, aval in enumerate(call.out_avals):
-        if k in alias_of_output:
-            buffer = inputs[alias_of_output[k]]
-            if k in call.zeroed_outputs:
-                buffer[...] = 0
-        elif k in call.zeroed_outputs:
-            buffer = np.zeros(aval.shape, aval.dtype)
-        else:
-            buffer = _poisoned(aval)
-        outputs.append(buffer)
-    operand_iter = iter(inputs)
-    args = []
-    for arg in call.args:
-        if isinstance(arg, _Scalar):
-            args.append(arg.value)
-        elif isinstance(arg, _Descriptor):
-            args.append(host_tensor_descriptor(next(operand_iter), arg.block_shape, arg.padding))
-        else:
-            args.append(next(operand_iter))
-    args += [outputs[k] for k in call.appended_outputs]
-    run_interpreted(call.kernel, call.grid, args, dict(call.constexprs))
-    return outputs
+  inputs = [np.array(x, copy=True, order="C") for x in operands]
+  alias_of_output = call.alias_of_output
+  outputs = []
+  for k, aval in enumerate(call.out_avals):
+    if k in alias_of_output:
+      buffer = inputs[alias_of_output[k]]
+      if k in call.zeroed_outputs:
+        buffer[...] = 0
+    elif k in call.zeroed_outputs:
+      buffer = np.zeros(aval.shape, aval.dtype)
+    else:
+      buffer = _poisoned(aval)
+    outputs.append(buffer)
+  operand_iter = iter(inputs)
+  args = []
+  for arg in call.args:
+    if isinstance(arg, _Scalar):
+      args.append(arg.value)
+    elif isinstance(arg, _Descriptor):
+      args.append(host_tensor_descriptor(next(operand_iter), arg.block_shape, arg.padding))
+    else:
+      args.append(next(operand_iter))
+  args += [outputs[k] for k in call.appended_outputs]
+  run_interpreted(call.kernel, call.grid, args, dict(call.constexprs))
+  return outputs
 
 
 def _cpu_lowering(ctx, *operands, call: _Call):
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(
-            f"Triton kernels need a GPU platform (cuda/rocm); platform 'cpu' cannot run kernel {call.name!r}. "
-            "Set TRITON_INTERPRET=1 to interpret it on the host (slow, for tests).")
-    result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals]
+  if os.environ.get("TRITON_INTERPRET") != "1":
+    raise RuntimeError(
+        f"Triton kernels need a GPU platform (cuda/rocm); platform 'cpu' cannot run kernel {call.name!r}. "
+        "Set TRITON_INTERPRET=1 to interpret it on the host (slow, for tests).")
+  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals]
 
-    def host_call(*xs):
-        return jax.pure_callback(functools.partial(_run_on_host, call), result_shapes, *xs)
+  def host_call(*xs):
+    return jax.pure_callback(functools.partial(_run_on_host, call), result_shapes, *xs)
 
-    return mlir.lower_fun(host_call, multiple_results=True)(ctx, *operands)
+  return mlir.lower_fun(host_call, multiple_results=True)(ctx, *operands)
 
 
 mlir.register_lowering(triton_call_p, _cpu_lowering, platform="cpu")
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Public entry point
 
 
 def _normalize_grid(grid, meta: dict, name: str) -> tuple:
-    if callable(grid):
-        grid = grid(meta)
-    if isinstance(grid, int):
-        grid = (grid,)
-    try:
-        grid = tuple(operator.index(g) for g in grid)
-    except TypeError as e:
-        raise TypeError(f"{name}: grid must be 1-3 python ints (or a callable of the metaparameters returning "
-                        f"them), got {grid!r}") from e
-    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
-        raise ValueError(f"{name}: grid must be 1-3 non-negative ints, got {grid}")
-    grid = grid + (1,) * (3 - len(grid))
-    if any(g > limit for g, limit in zip(grid, _MAX_GRID)):
-        raise ValueError(f"{name}: grid {grid} exceeds the launch limits {_MAX_GRID}")
-    return grid
+  if callable(grid):
+    grid = grid(meta)
+  if isinstance(grid, int):
+    grid = (grid,)
+  try:
+    grid = tuple(operator.index(g) for g in grid)
+  except TypeError as e:
+    raise TypeError(f"{name}: grid must be 1-3 python ints (or a callable of the metaparameters returning "
+                    f"them), got {grid!r}") from e
+  if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
+    raise ValueError(f"{name}: grid must be 1-3 non-negative ints, got {grid}")
+  grid = grid + (1,) * (3 - len(grid))
+  if any(g > limit for g, limit in zip(grid, _MAX_GRID)):
+    raise ValueError(f"{name}: grid {grid} exceeds the launch limits {_MAX_GRID}")
+  return grid
 
 
 def _static_descriptor(descriptor: TensorDescriptor, i: int, name: str) -> _Descriptor:
-    """Checks a TensorDescriptor argument at trace time; returns its static part."""
-    base = descriptor.base
-    what = f"{name}: argument {i} (TensorDescriptor)"
-    if not (hasattr(base, "shape") and hasattr(base, "dtype")):
-        raise TypeError(f"{what}: base must be a jax array, got {type(base).__name__}")
-    _dtypes.triton_type(base.dtype)
-    shape, itemsize = tuple(base.shape), np.dtype(base.dtype).itemsize
-    if not 1 <= len(shape) <= 5 or not all(1 <= d < 2**31 for d in shape):
-        raise ValueError(f"{what}: base must have rank 1-5 and dimensions in [1, 2**31), got shape {shape}")
-    if len(shape) > 1 and shape[-1] * itemsize % 16:
-        raise ValueError(f"{what}: base rows must be a multiple of 16 bytes (TMA strides), got shape {shape} of "
-                         f"{np.dtype(base.dtype).name}")
-    try:
-        block_shape = tuple(operator.index(b) for b in descriptor.block_shape)
-    except TypeError as e:
-        raise TypeError(f"{what}: block_shape must be ints, got {descriptor.block_shape!r}") from e
-    if len(block_shape) != len(shape) or any(b < 1 or b & (b - 1) for b in block_shape):
-        raise ValueError(f"{what}: block_shape must be one power of 2 per dimension of base {shape}, got "
-                         f"{block_shape}")
-    if descriptor.padding not in ("zero", "nan"):
-        raise ValueError(f"{what}: padding must be 'zero' or 'nan', got {descriptor.padding!r}")
-    if descriptor.padding == "nan" and not jax.numpy.issubdtype(base.dtype, np.floating):
-        raise ValueError(f"{what}: padding='nan' needs a floating-point base, got {np.dtype(base.dtype).name}")
-    return _Descriptor(block_shape, descriptor.padding)
+  """Checks a TensorDescriptor argument at trace time; returns its static part."""
+  base = descriptor.base
+  what = f"{name}: argument {i} (TensorDescriptor)"
+  if not (hasattr(base, "shape") and hasattr(base, "dtype")):
+    raise TypeError(f"{what}: base must be a jax array, got {type(base).__name__}")
+  _dtypes.triton_type(base.dtype)
+  shape, itemsize = tuple(base.shape), np.dtype(base.dtype).itemsize
+  if not 1 <= len(shape) <= 5 or not all(1 <= d < 2**31 for d in shape):
+    raise ValueError(f"{what}: base must have rank 1-5 and dimensions in [1, 2**31), got shape {shape}")
+  if len(shape) > 1 and shape[-1] * itemsize % 16:
+    raise ValueError(f"{what}: base rows must be a multiple of 16 bytes (TMA strides), got shape {shape} of "
+                     f"{np.dtype(base.dtype).name}")
+  try:
+    block_shape = tuple(operator.index(b) for b in descriptor.block_shape)
+  except TypeError as e:
+    raise TypeError(f"{what}: block_shape must be ints, got {descriptor.block_shape!r}") from e
+  if len(block_shape) != len(shape) or any(b < 1 or b & (b - 1) for b in block_shape):
+    raise ValueError(f"{what}: block_shape must be one power of 2 per dimension of base {shape}, got "
+                     f"{block_shape}")
+  if descriptor.padding not in ("zero", "nan"):
+    raise ValueError(f"{what}: padding must be 'zero' or 'nan', got {descriptor.padding!r}")
+  if descriptor.padding == "nan" and not jax.numpy.issubdtype(base.dtype, np.floating):
+    raise ValueError(f"{what}: padding='nan' needs a floating-point base, got {np.dtype(base.dtype).name}")
+  return _Descriptor(block_shape, descriptor.padding)
 
 
-def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: int = 3,
-                input_output_aliases: dict | None = None, zeroed_outputs: Sequence[int] = (), name: str | None = None,
+def triton_call(*args,
+                kernel,
+                out_shape,
+                grid,
+                num_warps: int = 4,
+                num_stages: int = 3,
+                input_output_aliases: dict | None = None,
+                zeroed_outputs: Sequence[int] = (),
+                name: str | None = None,
                 **constexprs):
-    """Calls a @triton.jit kernel on JAX arrays; usable inside jit (vmap loops over the batch, no autodiff).
+  """Calls a @triton.jit kernel on JAX arrays; usable inside jit (vmap loops over the batch, no autodiff).
 
     Args:
       *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers),
@@ -443,76 +458,83 @@ def triton_call(*args, kernel, out_shape, grid, num_warps: int = 4, num_stages: 
     Returns:
       The output array(s), shaped and typed as out_shape.
     """
-    fn = _compile.jit_function(kernel)
-    name = name or fn.__name__
-    single = not isinstance(out_shape, Sequence)
-    out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in ([out_shape] if single else out_shape))
-    for aval in out_avals:
-        _dtypes.triton_type(aval.dtype)
+  fn = _compile.jit_function(kernel)
+  name = name or fn.__name__
+  single = not isinstance(out_shape, Sequence)
+  out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in ([out_shape] if single else out_shape))
+  for aval in out_avals:
+    _dtypes.triton_type(aval.dtype)
 
-    constexpr_params = {p.name: p for p in fn.params if p.is_constexpr}
-    unknown = set(constexprs) - set(constexpr_params)
-    if unknown:
-        raise TypeError(f"{name}: {sorted(unknown)} are not constexpr params of the kernel; its constexpr params "
-                        f"are {sorted(constexpr_params)}")
-    full_constexprs = {}
-    for pname, p in constexpr_params.items():
-        if pname in constexprs:
-            full_constexprs[pname] = constexprs[pname]
-        elif p.has_default:
-            full_constexprs[pname] = p.default
-        else:
-            raise TypeError(f"{name}: missing constexpr param {pname!r}")
-
-    operands, call_args = [], []
-    for i, arg in enumerate(args):
-        if isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
-            value = arg.item() if isinstance(arg, np.generic) else arg
-            call_args.append(_Scalar(_dtypes.scalar_type(value), value))
-        elif isinstance(arg, TensorDescriptor):
-            call_args.append(_static_descriptor(arg, i, name))
-            operands.append(arg.base)
-        elif hasattr(arg, "shape") and hasattr(arg, "dtype"):
-            _dtypes.triton_type(arg.dtype)
-            call_args.append(None)
-            operands.append(arg)
-        else:
-            raise TypeError(f"{name}: argument {i} must be a jax array, a TensorDescriptor or a python "
-                            f"bool/int/float, got {type(arg).__name__}")
-    operand_index = {i: sum(not isinstance(a, _Scalar) for a in call_args[:i])
-                     for i, a in enumerate(call_args) if a is None}
-
-    aliases = []
-    for arg_i, out_k in (input_output_aliases or {}).items():
-        if arg_i not in operand_index:
-            raise ValueError(f"{name}: input_output_aliases key {arg_i} must index an array argument")
-        if not 0 <= out_k < len(out_avals):
-            raise ValueError(f"{name}: input_output_aliases value {out_k} is not an output index")
-        operand = operands[operand_index[arg_i]]
-        if tuple(operand.shape) != out_avals[out_k].shape or np.dtype(operand.dtype) != out_avals[out_k].dtype:
-            raise ValueError(f"{name}: aliased argument {arg_i} has shape/dtype {tuple(operand.shape)} "
-                             f"{np.dtype(operand.dtype)}, output {out_k} is {out_avals[out_k].str_short()}")
-        aliases.append((operand_index[arg_i], out_k))
-    if len({k for _, k in aliases}) != len(aliases):
-        raise ValueError(f"{name}: input_output_aliases maps two inputs to one output")
-    zeroed = tuple(sorted(set(zeroed_outputs)))
-    if any(not 0 <= k < len(out_avals) for k in zeroed):
-        raise ValueError(f"{name}: zeroed_outputs {zeroed} must index outputs (0..{len(out_avals) - 1})")
-
-    n_runtime = sum(not p.is_constexpr for p in fn.params)
-    if n_runtime == len(args) + len(out_avals):
-        aliased_outputs_appended = True
-    elif aliases and n_runtime == len(args) + len(out_avals) - len(aliases):
-        aliased_outputs_appended = False
+  constexpr_params = {p.name: p for p in fn.params if p.is_constexpr}
+  unknown = set(constexprs) - set(constexpr_params)
+  if unknown:
+    raise TypeError(f"{name}: {sorted(unknown)} are not constexpr params of the kernel; its constexpr params "
+                    f"are {sorted(constexpr_params)}")
+  full_constexprs = {}
+  for pname, p in constexpr_params.items():
+    if pname in constexprs:
+      full_constexprs[pname] = constexprs[pname]
+    elif p.has_default:
+      full_constexprs[pname] = p.default
     else:
-        raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
-                        f"{len(out_avals)} outputs were given")
+      raise TypeError(f"{name}: missing constexpr param {pname!r}")
 
-    meta = dict(full_constexprs, num_warps=num_warps, num_stages=num_stages)
-    call = _Call(kernel=kernel, name=name, args=tuple(call_args), out_avals=out_avals,
-                 grid=_normalize_grid(grid, meta, name), num_warps=int(num_warps), num_stages=int(num_stages),
-                 constexprs=tuple(sorted(full_constexprs.items())), aliases=tuple(sorted(aliases)),
-                 aliased_outputs_appended=aliased_outputs_appended, zeroed_outputs=zeroed)
-    outs = triton_call_p.bind(*operands, call=call)
-    return outs[0] if single else list(outs)
+  operands, call_args = [], []
+  for i, arg in enumerate(args):
+    if isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
+      value = arg.item() if isinstance(arg, np.generic) else arg
+      call_args.append(_Scalar(_dtypes.scalar_type(value), value))
+    elif isinstance(arg, TensorDescriptor):
+      call_args.append(_static_descriptor(arg, i, name))
+      operands.append(arg.base)
+    elif hasattr(arg, "shape") and hasattr(arg, "dtype"):
+      _dtypes.triton_type(arg.dtype)
+      call_args.append(None)
+      operands.append(arg)
+    else:
+      raise TypeError(f"{name}: argument {i} must be a jax array, a TensorDescriptor or a python "
+                      f"bool/int/float, got {type(arg).__name__}")
+  operand_index = {
+      i: sum(not isinstance(a, _Scalar) for a in call_args[:i]) for i, a in enumerate(call_args) if a is None
+  }
 
+  aliases = []
+  for arg_i, out_k in (input_output_aliases or {}).items():
+    if arg_i not in operand_index:
+      raise ValueError(f"{name}: input_output_aliases key {arg_i} must index an array argument")
+    if not 0 <= out_k < len(out_avals):
+      raise ValueError(f"{name}: input_output_aliases value {out_k} is not an output index")
+    operand = operands[operand_index[arg_i]]
+    if tuple(operand.shape) != out_avals[out_k].shape or np.dtype(operand.dtype) != out_avals[out_k].dtype:
+      raise ValueError(f"{name}: aliased argument {arg_i} has shape/dtype {tuple(operand.shape)} "
+                       f"{np.dtype(operand.dtype)}, output {out_k} is {out_avals[out_k].str_short()}")
+    aliases.append((operand_index[arg_i], out_k))
+  if len({k for _, k in aliases}) != len(aliases):
+    raise ValueError(f"{name}: input_output_aliases maps two inputs to one output")
+  zeroed = tuple(sorted(set(zeroed_outputs)))
+  if any(not 0 <= k < len(out_avals) for k in zeroed):
+    raise ValueError(f"{name}: zeroed_outputs {zeroed} must index outputs (0..{len(out_avals) - 1})")
+
+  n_runtime = sum(not p.is_constexpr for p in fn.params)
+  if n_runtime == len(args) + len(out_avals):
+    aliased_outputs_appended = True
+  elif aliases and n_runtime == len(args) + len(out_avals) - len(aliases):
+    aliased_outputs_appended = False
+  else:
+    raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
+                    f"{len(out_avals)} outputs were given")
+
+  meta = dict(full_constexprs, num_warps=num_warps, num_stages=num_stages)
+  call = _Call(kernel=kernel,
+               name=name,
+               args=tuple(call_args),
+               out_avals=out_avals,
+               grid=_normalize_grid(grid, meta, name),
+               num_warps=int(num_warps),
+               num_stages=int(num_stages),
+               constexprs=tuple(sorted(full_constexprs.items())),
+               aliases=tuple(sorted(aliases)),
+               aliased_outputs_appended=aliased_outputs_appended,
+               zeroed_outputs=zeroed)
+  outs = triton_call_p.bind(*operands, call=call)
+  return outs[0] if single else list(outs)

@@ -22,88 +22,87 @@ SUPPORTED_JAXLIB = ((0, 10, 2), (0, 13, 0))  # [lowest, first unsupported)
 
 
 def _gpu_triton():
-    try:
-        from jax._src.lib import gpu_triton
-    except ImportError as e:
-        raise RuntimeError("this jaxlib has no Triton kernel-call support (jax._src.lib.gpu_triton)") from e
-    return gpu_triton
+  try:
+    from jax._src.lib import gpu_triton
+  except ImportError as e:
+    raise RuntimeError("this jaxlib has no Triton kernel-call support (jax._src.lib.gpu_triton)") from e
+  return gpu_triton
 
 
 def check_supported() -> None:
-    lowest, first_unsupported = SUPPORTED_JAXLIB
-    version = tuple(_jaxlib_version[:3])
-    if not lowest <= version < first_unsupported:
-        raise RuntimeError(
-            f"jgmm.ffi supports jaxlib >= {'.'.join(map(str, lowest))} and < "
-            f"{'.'.join(map(str, first_unsupported))}; found jaxlib {jax.lib.__version__}. Its private Triton "
-            "kernel-call API may differ: update ffi/_jaxlib.py after checking TritonKernel's signature.")
+  lowest, first_unsupported = SUPPORTED_JAXLIB
+  version = tuple(_jaxlib_version[:3])
+  if not lowest <= version < first_unsupported:
+    raise RuntimeError(
+        f"jgmm.ffi supports jaxlib >= {'.'.join(map(str, lowest))} and < "
+        f"{'.'.join(map(str, first_unsupported))}; found jaxlib {jax.lib.__version__}. Its private Triton "
+        "kernel-call API may differ: update ffi/_jaxlib.py after checking TritonKernel's signature.")
 
 
 def plugin(platform: str):
-    """jaxlib's Triton bindings for 'cuda' or 'rocm'.
+  """jaxlib's Triton bindings for 'cuda' or 'rocm'.
 
     Both plugins serialize the same proto, so when lowering for a platform whose plugin is not installed (e.g.
     'rocm' on a machine with the CUDA plugin) the other plugin's bindings serve.
     """
-    check_supported()
-    gpu_triton = _gpu_triton()
-    own = gpu_triton._cuda_triton if platform == "cuda" else gpu_triton._hip_triton
-    other = gpu_triton._hip_triton if platform == "cuda" else gpu_triton._cuda_triton
-    module = own or other
-    if module is None:
-        raise RuntimeError(
-            f"lowering a Triton kernel for {platform!r} needs a jax GPU plugin (jax-cuda13-plugin / "
-            "jax-rocm-plugin) installed, even to lower without a GPU")
-    return module
+  check_supported()
+  gpu_triton = _gpu_triton()
+  own = gpu_triton._cuda_triton if platform == "cuda" else gpu_triton._hip_triton
+  other = gpu_triton._hip_triton if platform == "cuda" else gpu_triton._cuda_triton
+  module = own or other
+  if module is None:
+    raise RuntimeError(f"lowering a Triton kernel for {platform!r} needs a jax GPU plugin (jax-cuda13-plugin / "
+                       "jax-rocm-plugin) installed, even to lower without a GPU")
+  return module
 
 
 def supports_global_scratch(module) -> bool:
-    return "global_scratch_size" in (module.TritonKernel.__init__.__doc__ or "")
+  return "global_scratch_size" in (module.TritonKernel.__init__.__doc__ or "")
 
 
 def supports_tma_descriptors(module) -> bool:
-    return hasattr(module, "create_tma_descriptor_parameter")
+  return hasattr(module, "create_tma_descriptor_parameter")
 
 
 def check_tma_descriptors(module, platform: str, kernel_name: str) -> None:
-    """Raises NotImplementedError unless jaxlib can build host-side TMA descriptors for `platform`."""
-    if platform != "cuda":
-        raise NotImplementedError(
-            f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} builds host-side "
-            f"TMA descriptors only for NVIDIA GPUs, not {platform!r}")
-    if not supports_tma_descriptors(module):
-        raise NotImplementedError(
-            f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} has no "
-            "create_tma_descriptor_parameter (needs jaxlib >= 0.11)")
+  """Raises NotImplementedError unless jaxlib can build host-side TMA descriptors for `platform`."""
+  if platform != "cuda":
+    raise NotImplementedError(
+        f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} builds host-side "
+        f"TMA descriptors only for NVIDIA GPUs, not {platform!r}")
+  if not supports_tma_descriptors(module):
+    raise NotImplementedError(
+        f"kernel {kernel_name!r} takes a host TensorDescriptor; jaxlib {jax.lib.__version__} has no "
+        "create_tma_descriptor_parameter (needs jaxlib >= 0.11)")
 
 
 def array_parameter(module, bytes_to_zero: int, divisibility: int):
-    return module.create_array_parameter(bytes_to_zero, divisibility)
+  return module.create_array_parameter(bytes_to_zero, divisibility)
 
 
 def scalar_parameter(module, value, triton_type: str):
-    return module.create_scalar_parameter(value, triton_type)
+  return module.create_scalar_parameter(value, triton_type)
 
 
-def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tuple, strides: tuple,
-                             block_shape: tuple, nan_padding: bool):
-    """A CUtensorMap over the next buffer (elem_type: host CUtensorMapDataType; strides in elements)."""
-    return module.create_tma_descriptor_parameter(elem_type, swizzle, list(shape), list(strides), list(block_shape),
-                                                  int(nan_padding))
+def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tuple, strides: tuple, block_shape: tuple,
+                             nan_padding: bool):
+  """A CUtensorMap over the next buffer (elem_type: host CUtensorMapDataType; strides in elements)."""
+  return module.create_tma_descriptor_parameter(elem_type, swizzle, list(shape), list(strides), list(block_shape),
+                                                int(nan_padding))
 
 
-def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int,
-                    binary: str, compute_capability: int, global_scratch_size: int, global_scratch_align: int,
-                    grid: tuple, parameters: list) -> bytes:
-    """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto."""
-    kernel_args = [kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability]
-    if global_scratch_size:
-        if not supports_global_scratch(module):
-            raise NotImplementedError(
-                f"kernel {kernel_name!r} needs {global_scratch_size} bytes of Triton global scratch per program "
-                f"(device-side tensor descriptors); jaxlib {jax.lib.__version__} cannot allocate it (needs jaxlib "
-                ">= 0.11)")
-        kernel_args += [global_scratch_size, global_scratch_align]
-    kernel = module.TritonKernel(*kernel_args)
-    call = module.TritonKernelCall(kernel, *grid, parameters)
-    return zlib.compress(call.to_proto(call_name, b""))
+def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int, binary: str,
+                    compute_capability: int, global_scratch_size: int, global_scratch_align: int, grid: tuple,
+                    parameters: list) -> bytes:
+  """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto."""
+  kernel_args = [kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability]
+  if global_scratch_size:
+    if not supports_global_scratch(module):
+      raise NotImplementedError(
+          f"kernel {kernel_name!r} needs {global_scratch_size} bytes of Triton global scratch per program "
+          f"(device-side tensor descriptors); jaxlib {jax.lib.__version__} cannot allocate it (needs jaxlib "
+          ">= 0.11)")
+    kernel_args += [global_scratch_size, global_scratch_align]
+  kernel = module.TritonKernel(*kernel_args)
+  call = module.TritonKernelCall(kernel, *grid, parameters)
+  return zlib.compress(call.to_proto(call_name, b""))
