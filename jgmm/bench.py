@@ -31,6 +31,7 @@ import numpy as np
 import jgmm
 from jgmm import backend_triton, config_table
 from jgmm.config import Config
+from jgmm.ops import group_bounds
 
 # From ../shared/perf/moe_shapes.py (the GPU machine gets only this repository): (name, M, K, N, G).
 CASES = [
@@ -257,7 +258,7 @@ def tune_case(m, k, n, g, ops):
   """{table key: fields of the fastest config} for the kernels `ops` ("gmm": forward, "gmm_t": d lhs, "tgmm":
   d rhs) of one case's forward and backward."""
   inp = Inputs(m, k, n, g)
-  bounds = jnp.asarray(np.concatenate([[0], np.cumsum(inp.sizes)]).astype(np.int32))
+  bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
   x, w, dout = inp.x, inp.w, inp.dout
   small = m / g <= 32
 

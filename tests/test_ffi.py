@@ -310,24 +310,11 @@ class InterpreterTest(parameterized.TestCase):
     n, written = 90, 41
     x = _random(self.rng, n)
 
+    kernel = _scale_prefix_kernel if appended else _scale_prefix_inplace_kernel
+
     def scale_prefix(x):
-      if appended:
-        return ffi.triton_call(x,
-                               written,
-                               3.0,
-                               kernel=_scale_prefix_kernel,
-                               grid=(2,),
-                               BLOCK=64,
-                               out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                               input_output_aliases={0: 0})
-      return ffi.triton_call(x,
-                             written,
-                             3.0,
-                             kernel=_scale_prefix_inplace_kernel,
-                             grid=(2,),
-                             BLOCK=64,
-                             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                             input_output_aliases={0: 0})
+      return ffi.triton_call(x, written, 3.0, kernel=kernel, grid=(2,), BLOCK=64,
+                             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), input_output_aliases={0: 0})
 
     got = np.asarray(jax.jit(scale_prefix)(*self._cpu(x)))
     np.testing.assert_allclose(got[:written], 3.0 * x[:written].astype(np.float64), rtol=1e-6)
