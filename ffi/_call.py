@@ -254,6 +254,20 @@ def _descriptor_parameters(module, meta: dict, aval, descriptor: _Descriptor, ca
   return parameters
 
 
+def _global_scratch(compiled: _compile.CompiledKernel, grid: tuple):
+  """The aval of the global scratch a kernel needs (device-side tensor descriptors), or None.
+
+    Triton addresses it as base + linear program id * per-program size, so it spans the whole grid. XLA
+    allocates it as one more result of the custom call, so the launch allocates nothing: an allocation at
+    launch (jaxlib's own scratch) cannot be captured into XLA's command buffers (CUDA graphs).
+    """
+  if not compiled.global_scratch_size:
+    return None
+  align = compiled.global_scratch_align
+  per_program = -(-compiled.global_scratch_size // align) * align
+  return jax.core.ShapedArray((max(per_program * int(np.prod(grid)), align),), np.uint8)
+
+
 def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
   target = _lowering_target(platform, ctx)
   module = _jaxlib.plugin(platform)
@@ -290,6 +304,11 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
     else:
       buffer, _ = value
       parameters.append(_jaxlib.array_parameter(module, zero_bytes.get(buffer, 0), 16))
+  scratch = _global_scratch(compiled, call.grid)
+  if scratch is not None:
+    # One more array parameter after the kernel's own: it fills the kernel's hidden global-scratch param
+    # (jaxlib's own two trailing pointers then fill the profile-scratch slot and one past the end).
+    parameters.append(_jaxlib.array_parameter(module, 0, compiled.global_scratch_align))
   opaque = _jaxlib.serialized_call(module,
                                    kernel_name=compiled.name,
                                    call_name=call.name,
@@ -297,14 +316,15 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
                                    shared_mem_bytes=compiled.shared_mem_bytes,
                                    binary=compiled.binary,
                                    compute_capability=target.arch if target.platform == "cuda" else 0,
-                                   global_scratch_size=compiled.global_scratch_size,
-                                   global_scratch_align=compiled.global_scratch_align,
                                    grid=call.grid,
                                    parameters=parameters)
   # jaxlib hands the kernel its buffers in order (operands, then results): results whose buffer the kernel
-  # takes as a param come first, aliased results it does not take go last.
-  result_order = appended + [k for k in range(len(call.out_avals)) if k not in appended]
-  custom_ctx = ctx.replace(avals_out=[call.out_avals[k] for k in result_order])
+  # takes as a param come first, then the scratch, and aliased results it does not take go last.
+  scratch_result = len(call.out_avals)
+  result_order = appended + ([scratch_result] if scratch is not None else [])
+  result_order += [k for k in range(len(call.out_avals)) if k not in appended]
+  result_avals = call.out_avals + (scratch,)
+  custom_ctx = ctx.replace(avals_out=[result_avals[k] for k in result_order])
   rule = jax.ffi.ffi_lowering(_jaxlib.CUSTOM_CALL_TARGET,
                               api_version=4,
                               has_side_effect=False,

@@ -2,14 +2,17 @@
 
 Differences handled here, by feature detection on the installed jaxlib:
   * jax 0.10.2: ``TritonKernel(name, num_warps, num_ctas, shared_mem, ptx, ttir, compute_capability)``; no
-    global scratch (kernels that need it, e.g. device-side tensor descriptors, are refused), no host-side TMA
-    descriptor parameters (host TensorDescriptor arguments are refused).
-  * jax 0.11.x / 0.12.x: ``TritonKernel(..., global_scratch_size=None, global_scratch_align=None)``: jaxlib
-    allocates the per-program scratch at launch; ``create_tma_descriptor_parameter(elem_type, swizzle, shape,
-    strides, block_shape, oob_fill)`` makes a parameter that takes the next buffer and encodes a CUDA tensor map
-    over it at launch (NVIDIA only; strides in elements, row-major).
-All versions serialize the call into the same ``TritonAnyKernelCall`` proto, read by the typed-FFI target
-``triton_kernel_call_ffi`` (zlib-compressed, string attribute ``opaque``).
+    host-side TMA descriptor parameters (host TensorDescriptor arguments are refused).
+  * jax 0.11.x / 0.12.x: ``TritonKernel(..., global_scratch_size=None, global_scratch_align=None)`` and
+    ``create_tma_descriptor_parameter(elem_type, swizzle, shape, strides, block_shape, oob_fill)``: a parameter
+    that takes the next buffer and encodes a CUDA tensor map over it at launch (NVIDIA only; strides in
+    elements, row-major).
+All versions launch the kernel with its parameters followed by two pointers for Triton's hidden params
+(global scratch, profile scratch): null, or on 0.11+ a global scratch jaxlib allocates at every launch when
+``global_scratch_size`` is set. jgmm.ffi never sets it (an allocation at launch cannot be captured into XLA's
+command buffers): it passes an XLA-allocated buffer as one more array parameter, which lands in the kernel's
+global-scratch slot (see _call.py). All versions serialize the call into the same ``TritonAnyKernelCall``
+proto, read by the typed-FFI target ``triton_kernel_call_ffi`` (zlib-compressed, string attribute ``opaque``).
 """
 
 import zlib
@@ -56,10 +59,6 @@ def plugin(platform: str):
   return module
 
 
-def supports_global_scratch(module) -> bool:
-  return "global_scratch_size" in (module.TritonKernel.__init__.__doc__ or "")
-
-
 def supports_tma_descriptors(module) -> bool:
   return hasattr(module, "create_tma_descriptor_parameter")
 
@@ -92,17 +91,8 @@ def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tup
 
 
 def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int, binary: str,
-                    compute_capability: int, global_scratch_size: int, global_scratch_align: int, grid: tuple,
-                    parameters: list) -> bytes:
+                    compute_capability: int, grid: tuple, parameters: list) -> bytes:
   """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto."""
-  kernel_args = [kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability]
-  if global_scratch_size:
-    if not supports_global_scratch(module):
-      raise NotImplementedError(
-          f"kernel {kernel_name!r} needs {global_scratch_size} bytes of Triton global scratch per program "
-          f"(device-side tensor descriptors); jaxlib {jax.lib.__version__} cannot allocate it (needs jaxlib "
-          ">= 0.11)")
-    kernel_args += [global_scratch_size, global_scratch_align]
-  kernel = module.TritonKernel(*kernel_args)
+  kernel = module.TritonKernel(kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability)
   call = module.TritonKernelCall(kernel, *grid, parameters)
   return zlib.compress(call.to_proto(call_name, b""))

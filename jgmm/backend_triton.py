@@ -9,7 +9,6 @@ for a GPU), else the first GPU jax sees, else Triton's interpreter (TRITON_INTER
 """
 import dataclasses
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -27,29 +26,24 @@ _INTERPRETER_PROGRAMS = 4  # Programs of a persistent grid under the interpreter
 class _Device:
   arch: str | None  # "sm90", "gfx942", ...; None under the interpreter
   num_sms: int
-  tma: bool  # whether kernels may build tensor descriptors
+  tma: bool  # whether kernels may use tensor descriptors (TMA): gmm's host-side, tgmm's device-side ones
 
 
-def _command_buffers_capture_custom_calls():
-  flag = re.search(r"--xla_gpu_enable_command_buffer=(\S*)", os.environ.get("XLA_FLAGS", ""))
-  return flag is None or "CUSTOM_CALL" in flag.group(1).upper().split(",")
-
-
-def _cuda_tma(capability):
-  """Whether kernels may build tensor descriptors on this CUDA device.
-
-  Device-side descriptors live in Triton's per-program global scratch, which jaxlib allocates at every
-  launch (cudaMallocAsync). XLA's command buffers (CUDA graphs, on by default) cannot capture that
-  allocation ("Failed to create a child graph node": seen on an H200 with jax 0.11.2), so TMA is used only
-  where command buffers leave custom calls out, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= .
-  """
-  if capability < 90 or _command_buffers_capture_custom_calls():
-    return False
+def _host_tma(capability):
+  """Whether this CUDA device and jaxlib support host-side tensor descriptors (sm_90+, jaxlib >= 0.11)."""
   from jgmm.ffi import _jaxlib
   try:
-    return _jaxlib.supports_global_scratch(_jaxlib.plugin("cuda"))
+    return capability >= 90 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
   except RuntimeError:
     return False
+
+
+def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
+  """The tensor-descriptor args of gmm_kernel/masked_gmm_kernel: TMA descriptors over lhs and rhs viewed as
+  rhs_view, or the plain arrays (unused by the kernel) on the pointer path."""
+  if not use_tma:
+    return lhs, rhs
+  return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
 def _dot_precision():
@@ -67,7 +61,7 @@ def _device():
     if platform == "cuda":
       capability = int(arch)
       num_sms = gpus[0].core_count if gpus else _DEFAULT_NUM_SMS.get(capability, 132)
-      return _Device(f"sm{capability}", num_sms, _cuda_tma(capability))
+      return _Device(f"sm{capability}", num_sms, _host_tma(capability))
     return _Device(arch, gpus[0].core_count if gpus else 304, False)
   if gpus:
     capability = str(gpus[0].compute_capability)
@@ -75,7 +69,7 @@ def _device():
       return _Device(capability.split(":")[0], gpus[0].core_count, False)
     major, minor = capability.split(".")[:2]
     capability = int(major) * 10 + int(minor)
-    return _Device(f"sm{capability}", gpus[0].core_count, _cuda_tma(capability))
+    return _Device(f"sm{capability}", gpus[0].core_count, _host_tma(capability))
   return _Device(None, _INTERPRETER_PROGRAMS, True)
 
 
@@ -109,15 +103,21 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
   # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
+  if transpose_rhs:
+    rhs_view, rhs_block = (num_groups, n // n_out, n_out, k), (1, 1, config.block_n, config.block_k)
+  else:
+    rhs_view, rhs_block = (num_groups, k, n // n_out, n_out), (1, config.block_k, 1, config.block_n)
+  lhs_desc, rhs_desc = _descriptors(use_tma, lhs, (config.block_m, config.block_k), rhs, rhs_view, rhs_block)
   out, h = ffi.triton_call(
-      lhs, rhs, bounds, bounds if bias is None else bias, existing_out if accumulate else bounds, m,
+      lhs, rhs, lhs_desc, rhs_desc, bounds, bounds if bias is None else bias,
+      existing_out if accumulate else bounds, m,
       kernel=gmm_kernels.gmm_kernel, out_shape=out_shapes,
       grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n, config.persistent,
                              device.num_sms),
       num_warps=config.num_warps, num_stages=config.num_stages,
-      input_output_aliases={4: 0} if accumulate else None, name="jgmm_gmm",
-      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-      BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
+      input_output_aliases={6: 0} if accumulate else None, name="jgmm_gmm",
+      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
       ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation, USE_TMA=use_tma,
       DOT_PRECISION=_dot_precision())
   return (out, h) if save_preactivation else out
@@ -179,8 +179,10 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)
+  x_desc, w_desc = _descriptors(use_tma, x.reshape(num_groups * max_m, k), (config.block_m, config.block_k), w,
+                                (num_groups, 1, n, k), (1, 1, config.block_n, config.block_k))
   return ffi.triton_call(
-      x, w, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
+      x, w, x_desc, w_desc, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype),
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",

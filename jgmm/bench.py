@@ -280,17 +280,16 @@ def tune_case(m, k, n, g, ops):
       config_table.table_key("tgmm", "bfloat16", m / g, k, n): (
           _SMALL_TGMM_CANDIDATES if small else _TGMM_CANDIDATES, tgmm, (x, dout, bounds)),
   }
-  tma = backend_triton._device().tma
+  tma_variants = (True, False) if backend_triton._device().tma else (False,)  # Each candidate with and without.
   best = {}
   for key, (candidates, run, arrays) in kernels.items():
     if key.split("/")[0] not in ops:
       continue
     timings = []
-    for config in candidates:
+    for config in [dataclasses.replace(c, tma=t) for c in candidates for t in tma_variants]:
       jitted = jax.jit(functools.partial(run, config=config))
       try:
         ms = time_ms(lambda: jitted(*arrays), _jax_sync, min_batch_s=0.02, batches=5)
-        config = dataclasses.replace(config, tma=config.tma and tma)  # What ran.
       except Exception as e:  # A config that does not compile or launch is skipped.
         print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
         continue

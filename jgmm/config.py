@@ -11,8 +11,8 @@ class Config:
   block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
   persistent: one program per SM looping over tiles (True) or one program per tile (False).
-  tma: on Hopper, move tiles with tensor descriptors (TMA) where the shapes allow (True), or always use
-    plain pointer loads and stores (False).
+  tma: gmm and masked_gmm on Hopper: load tiles through tensor descriptors (TMA) where the shapes allow
+    (True), or always use plain pointer loads (False). tgmm always loads through pointers.
   """
   block_m: int = 128
   block_n: int = 128

@@ -2,8 +2,8 @@
 
 CPU: the kernels run under Triton's interpreter (TRITON_INTERPRET=1) through jgmm.ffi, which NaN-poisons
 every output buffer before the kernel runs, so an element the kernel forgets to write fails the check.
-float32 only (the interpreter's bf16/fp16 dots are wrong), small tiles, both the tensor-descriptor (TMA)
-path and the pointer path. Cross-lowering for sm_90 (JGMM_TARGET=cuda:90) proves the kernels compile.
+float32 only (the interpreter's bf16/fp16 dots are wrong), small tiles, both gmm load paths (tensor
+descriptors, i.e. TMA, and pointers). Cross-lowering for sm_90 (JGMM_TARGET=cuda:90) proves the kernels compile.
 GPU (skipped without one): bf16/fp16/fp32, real tiles, large odd shapes and offsets past 2^31.
 """
 import dataclasses
@@ -18,6 +18,7 @@ from absl.testing import absltest, parameterized
 
 from jgmm import backend_triton, oracle
 from jgmm.config import Config
+from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm as gmm_kernels
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
@@ -292,11 +293,19 @@ class InterpretedMaskedTest(KernelTestBase):
                  "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
 class CrossLoweringTest(parameterized.TestCase):
 
-  def lower(self, fn, *args, tma=False):
-    # TMA kernels are built only where XLA's command buffers leave custom calls out (backend_triton._cuda_tma).
-    environ = {"JGMM_TARGET": "cuda:90", "XLA_FLAGS": "--xla_gpu_enable_command_buffer=" if tma else ""}
-    with mock.patch.dict(os.environ, environ):
-      return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  def lower(self, fn, *args):
+    """StableHLO of fn lowered for sm_90, and the Triton signatures of the kernels compiled for it."""
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    self.assertIn("triton_kernel_call", text)
+    return text, [c.args[1] for c in compile_kernel.call_args_list]
+
+  def assert_loads_through_tma(self, signatures, tma):
+    """With tma (and a jaxlib that builds host TMA descriptors), the gmm kernel takes two tensor descriptors."""
+    expected = 2 if tma and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")) else 0
+    for signature in signatures:
+      self.assertEqual(sum(t.startswith("tensordesc") for t in signature.values()), expected, signature)
 
   @parameterized.product(
       shape=((8192, 4096, 14336, 8), (512, 4096, 2048, 64), (1000, 2880, 5760, 4), (100, 7, 33, 3)),
@@ -309,26 +318,32 @@ class CrossLoweringTest(parameterized.TestCase):
     s = jax.ShapeDtypeStruct
     transpose = variant != "plain"
     activation = "swiglu" if transpose else None
-    text = self.lower(
+    config = Config(block_m=128, block_n=128, block_k=64, num_warps=8, tma=tma)
+    _, signatures = self.lower(
         lambda l, r, b, bi: backend_triton.gmm(l, r, b, bi, None, transpose_rhs=transpose, out_dtype=dt,
-                                               activation=activation, save_preactivation=transpose, config=None),
+                                               activation=activation, save_preactivation=transpose, config=config),
         s((m, k), dt), s((groups, n, k) if transpose else (groups, k, n), dt), s((groups + 1,), jnp.int32),
-        s((groups, n), dt) if transpose else None, tma=tma)
-    self.assertIn("triton_kernel_call", text)
+        s((groups, n), dt) if transpose else None)
+    self.assert_loads_through_tma(signatures, tma and k % 8 == 0 and n % 16 == 0)
 
   @parameterized.product(dt=(jnp.bfloat16, jnp.float32), tma=(False, True))
   def test_tgmm_and_masked_compile_for_sm90(self, dt, tma):
     s = jax.ShapeDtypeStruct
     m, k, n, groups = 4096, 2048, 1536, 16
     for transpose_lhs in (True, False):
-      text = self.lower(
+      config = Config(block_m=128, block_n=128, block_k=32, num_warps=8, tma=tma)
+      text, _ = self.lower(
           lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt,
-                                              bias_grad=True, config=None),
-          s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32), tma=tma)
-      self.assertIn("triton_kernel_call", text)
-    text = self.lower(lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, expected_m=None, config=None),
-                      s((groups, 256, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32), tma=tma)
-    self.assertIn("triton_kernel_call", text)
+                                              bias_grad=True, config=config),
+          s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32))
+      # tgmm's TMA path builds its descriptors on the device: their scratch is one more (uint8) result.
+      scratch = tma and transpose_lhs and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
+      self.assertEqual("xui8>" in text, scratch)
+    config = Config(block_m=64, block_n=128, block_k=32, tma=tma)
+    _, signatures = self.lower(
+        lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, expected_m=None, config=config),
+        s((groups, 256, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32))
+    self.assert_loads_through_tma(signatures, tma)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -345,13 +360,17 @@ class GpuKernelTest(KernelTestBase):
       (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=513, k=1, n=2880), dict(m=300, k=5760, n=1)),
       dtype=("bf16", "f16", "f32"),
       transpose_rhs=(False, True),
+      tma=(False, True),
   )
-  def test_gmm(self, m, k, n, dtype, transpose_rhs):
+  def test_gmm(self, m, k, n, dtype, transpose_rhs, tma):
     groups = 6
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)
-    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=None)
+    config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
+                                                k, n, arch="sm90", out_dtype=np.dtype(dt).name)
+    config = dataclasses.replace(config, tma=tma)
+    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
 

@@ -4,10 +4,11 @@ Shapes (row-major): lhs (M, K); rhs (G, K, N), or (G, N, K) with TRANSPOSE_RHS; 
 existing (M, N_OUT); h (M, N), the pre-activation. With ACTIVATION == "swiglu", N = 2 * N_OUT: rhs columns
 are [gate | up] and out = silu(gate) * up; every other activation has N == N_OUT.
 
-Two load/store paths share all tile logic. USE_TMA: Hopper tensor descriptors built on the device (they
-need the launcher's global scratch); whole tiles are stored through the copy engine, tiles that cross their
-group's end through masked stores. Otherwise plain masked pointer loads and stores (sm80, ROCm, strides
-that break TMA's 16-byte rules). Offsets are int64 wherever a product can pass 2^31.
+Two load paths share all tile logic. USE_TMA: lhs and rhs tiles come through host-side tensor descriptors
+(Hopper TMA; lhs_desc over lhs (M, K), rhs_desc over rhs viewed as (G, K, HALVES, N_OUT), or
+(G, HALVES, N_OUT, K) when transposed, HALVES = N // N_OUT); otherwise masked pointer loads (sm80, ROCm,
+strides that break TMA's 16-byte rules), and then lhs_desc/rhs_desc are unused. Stores are masked pointer
+stores on both paths (a tile may end past its group). Offsets are int64 wherever a product can pass 2^31.
 """
 import triton
 import triton.language as tl
@@ -16,43 +17,17 @@ from jgmm.triton_kernels.common import activation, store_tile, tile_coords
 
 
 @triton.jit
-def _rhs_coords(g, half, n0, k0, TRANSPOSE_RHS: tl.constexpr):
-  """TMA box coordinates of rhs[g, k0:, half * N_OUT + n0:] in the view of _rhs_descriptor."""
+def _load_rhs(rhs_desc, g, half, n0, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
+  """The (BLOCK_K, BLOCK_N) dot operand rhs[g, k0:, half * N_OUT + n0:] through the rhs descriptor."""
   if TRANSPOSE_RHS:
-    coords = [g, half, n0, k0]
+    b = rhs_desc.load([g, half, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
   else:
-    coords = [g, k0, half, n0]
-  return coords
-
-
-@triton.jit
-def _rhs_box(box, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
-  """A loaded rhs box as the (BLOCK_K, BLOCK_N) operand of the dot."""
-  if TRANSPOSE_RHS:
-    b = box.reshape(BLOCK_N, BLOCK_K).T
-  else:
-    b = box.reshape(BLOCK_K, BLOCK_N)
+    b = rhs_desc.load([g, k0, half, n0]).reshape(BLOCK_K, BLOCK_N)
   return b
 
 
 @triton.jit
-def _store_out_tile(ptr, desc, value, tile_row0, tile_rows, row_mask, cols, col_mask, row_stride, half, n0, full,
-                    N_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr,
-                    USE_TMA: tl.constexpr):
-  """Stores `value` (BLOCK_M, BLOCK_N) at rows tile_row0 + tile_rows, columns half * N_OUT + n0 + cols of ptr
-  (row_stride elements per row); through TMA when `full`."""
-  tile_ptr = ptr + tile_row0 * row_stride + half * N_OUT + n0
-  if USE_TMA:
-    if full:
-      desc.store([tile_row0.to(tl.int32), half, n0], value.to(desc.dtype).reshape(BLOCK_M, 1, BLOCK_N))
-    else:
-      store_tile(tile_ptr, tile_rows, row_mask, cols, col_mask, row_stride, value, OFFSET)
-  else:
-    store_tile(tile_ptr, tile_rows, row_mask, cols, col_mask, row_stride, value, OFFSET)
-
-
-@triton.jit
-def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc, h_desc,
+def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
              g, row_start, m_g, store_rows, mi, ni,
              K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -102,14 +77,14 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
       k_mask = ks < K - k0
     if USE_TMA:
       a = lhs_desc.load([tile_row0.to(tl.int32), k0])
-      b = _rhs_box(rhs_desc.load(_rhs_coords(g, 0, n0, k0, TRANSPOSE_RHS)), BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+      b = _load_rhs(rhs_desc, g, 0, n0, k0, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
     else:
       a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
       b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
     acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if SWIGLU:
       if USE_TMA:
-        b_up = _rhs_box(rhs_desc.load(_rhs_coords(g, 1, n0, k0, TRANSPOSE_RHS)), BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+        b_up = _load_rhs(rhs_desc, g, 1, n0, k0, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
       else:
         b_up = tl.load(b_ptr + up_offset + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
       acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
@@ -124,13 +99,11 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
       acc_up += tl.load(bias_row + N_OUT, mask=col_mask, other=0.0).to(tl.float32)[None, :]
 
   store_mask = mi * BLOCK_M + tile_rows < store_rows
-  full = (mi + 1) * BLOCK_M <= store_rows
   if SAVE_PRE:
-    _store_out_tile(h_ptr, h_desc, acc, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N, 0, n0, full,
-                    N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+    store_tile(h_ptr + tile_row0 * N + n0, tile_rows, store_mask, tile_cols, col_mask, N, acc, OFFSET)
     if SWIGLU:
-      _store_out_tile(h_ptr, h_desc, acc_up, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N, 1, n0,
-                      full, N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+      store_tile(h_ptr + tile_row0 * N + N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N, acc_up,
+                 OFFSET)
   if SWIGLU:
     y = acc * tl.sigmoid(acc) * acc_up
   else:
@@ -140,8 +113,7 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
     existing_offsets = tile_rows.to(OFFSET)[:, None] * N_OUT + tile_cols[None, :]
     y += tl.load(existing_ptr + tile_row0 * N_OUT + n0 + existing_offsets,
                  mask=store_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-  _store_out_tile(out_ptr, out_desc, y, tile_row0, tile_rows, store_mask, tile_cols, col_mask, N_OUT, 0, n0, full,
-                  N_OUT, BLOCK_M, BLOCK_N, OFFSET, USE_TMA)
+  store_tile(out_ptr + tile_row0 * N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N_OUT, y, OFFSET)
 
 
 @triton.jit
@@ -156,30 +128,7 @@ def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BL
 
 
 @triton.jit
-def _rhs_descriptor(rhs_ptr, K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
-  """rhs viewed as (G, K, halves, N_OUT), or (G, halves, N_OUT, K) when transposed: the halves axis lets
-  swiglu's gate and up boxes end exactly at N_OUT (halves = 1 otherwise)."""
-  HALVES: tl.constexpr = N // N_OUT
-  if TRANSPOSE_RHS:
-    desc = tl.make_tensor_descriptor(rhs_ptr, shape=[G, HALVES, N_OUT, K], strides=[N * K, N_OUT * K, K, 1],
-                                     block_shape=[1, 1, BLOCK_N, BLOCK_K])
-  else:
-    desc = tl.make_tensor_descriptor(rhs_ptr, shape=[G, K, HALVES, N_OUT], strides=[K * N, N, N_OUT, 1],
-                                     block_shape=[1, BLOCK_K, 1, BLOCK_N])
-  return desc
-
-
-@triton.jit
-def _rows_descriptor(ptr, num_rows, WIDTH: tl.constexpr, N_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-  """A (num_rows, WIDTH) output viewed as (num_rows, WIDTH // N_OUT halves, N_OUT)."""
-  return tl.make_tensor_descriptor(ptr, shape=[num_rows, WIDTH // N_OUT, N_OUT], strides=[WIDTH, N_OUT, 1],
-                                   block_shape=[BLOCK_M, 1, BLOCK_N])
-
-
-@triton.jit
-def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
+def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
@@ -194,22 +143,11 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
   cdiv(M, BLOCK_M) + G + 1 (non-persistent). Each program keeps the group table (G_POW2 >= G entries) in
   registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
-  epilogue). existing_ptr aliases out_ptr when ACCUMULATE; bias_ptr/existing_ptr/h_ptr are unused
-  placeholders when their flag is off.
+  epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
+  bias_ptr/existing_ptr/h_ptr are unused placeholders when their flag is off.
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   HALVES: tl.constexpr = N // N_OUT
-  lhs_desc = None
-  rhs_desc = None
-  out_desc = None
-  h_desc = None
-  if USE_TMA:
-    lhs_desc = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    rhs_desc = _rhs_descriptor(rhs_ptr, K, N, N_OUT, G, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
-    out_desc = _rows_descriptor(out_ptr, M, N_OUT, N_OUT, BLOCK_M, BLOCK_N)
-    if SAVE_PRE:
-      h_desc = _rows_descriptor(h_ptr, M, N, N_OUT, BLOCK_M, BLOCK_N)
-
   group = tl.arange(0, G_POW2)
   in_table = group < G
   starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
@@ -220,15 +158,14 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
 
   num_programs = tl.num_programs(0)
   pid = tl.program_id(0)
-  # Triton 3.6 cannot fuse the loop nest around the TMA path's conditional TMA store.
-  for tile in tl.range(pid, num_tiles, num_programs, flatten=not USE_TMA):
+  for tile in tl.range(pid, num_tiles, num_programs, flatten=True):
     g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
     this_group = group == g
     row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
     m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
     first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
     mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
-    gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc, h_desc,
+    gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, DOT_PRECISION)
 
@@ -256,13 +193,15 @@ def gmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
 
 
 @triton.jit
-def masked_gmm_kernel(x_ptr, w_ptr, masked_m_ptr, MAX_M, out_ptr,
+def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr,
                       K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below.
 
   Grid (cdiv(MAX_M, BLOCK_M) * cdiv(N, BLOCK_N), G); masked_m is clipped to [0, MAX_M] by the caller.
+  With USE_TMA, x_desc is a descriptor over x viewed as (G * MAX_M, K) and w_desc over w viewed as
+  (G, 1, N, K) (gmm_kernel's transposed rhs view); otherwise both are unused.
   Tiles wholly past masked_m[g] load nothing and only write zeros.
   """
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -273,14 +212,6 @@ def masked_gmm_kernel(x_ptr, w_ptr, masked_m_ptr, MAX_M, out_ptr,
   if mi * BLOCK_M >= m_g:
     _zero_tile(out_ptr, row_start + mi * BLOCK_M, row_start + MAX_M, ni * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
   else:
-    x_desc = None
-    w_desc = None
-    out_desc = None
-    if USE_TMA:
-      x_desc = tl.make_tensor_descriptor(x_ptr, shape=[G * MAX_M, K], strides=[K, 1],
-                                         block_shape=[BLOCK_M, BLOCK_K])
-      w_desc = _rhs_descriptor(w_ptr, K, N, N, G, BLOCK_N, BLOCK_K, True)
-      out_desc = _rows_descriptor(out_ptr, G * MAX_M, N, N, BLOCK_M, BLOCK_N)
-    gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc, out_desc, None,
+    gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc,
              g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
              True, False, False, "none", False, USE_TMA, DOT_PRECISION)
