@@ -46,6 +46,11 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
   return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
+def _persistent_programs(config, device):
+  """The persistent grid's size for `config` (None when not persistent)."""
+  return config.programs_per_sm * device.num_sms if config.persistent else None
+
+
 def _dot_precision():
   """Triton's input_precision for float32 products: IEEE float32 under
   jax.default_matmul_precision("float32"/"highest"), else Triton's default (TF32 tensor cores on NVIDIA)."""
@@ -112,8 +117,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       lhs, rhs, lhs_desc, rhs_desc, bounds, bounds if bias is None else bias,
       existing_out if accumulate else bounds, m,
       kernel=gmm_kernels.gmm_kernel, out_shape=out_shapes,
-      grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n, config.persistent,
-                             device.num_sms),
+      grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n,
+                             _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
       input_output_aliases={6: 0} if accumulate else None, name="jgmm_gmm",
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
@@ -150,8 +155,8 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   out, dbias = ffi.triton_call(
       lhs, rhs, bounds, existing_out if accumulate else bounds, m,
       kernel=tgmm_kernels.tgmm_kernel, out_shape=out_shapes,
-      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n, config.persistent,
-                              device.num_sms),
+      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
+                              _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -233,6 +233,10 @@ _GMM_CANDIDATES = [
     Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
     Config(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
+    # Two programs per SM (98 KB of shared memory and <= 255 registers of 128 threads each).
+    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
+    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, programs_per_sm=2),
+    Config(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
 ]
 _SMALL_GMM_CANDIDATES = [
     Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5),

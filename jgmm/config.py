@@ -10,7 +10,9 @@ class Config:
 
   block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
-  persistent: one program per SM looping over tiles (True) or one program per tile (False).
+  persistent: programs_per_sm programs per SM looping over tiles (True) or one program per tile (False).
+  programs_per_sm: the persistent grid's programs per SM (1..4; gmm and tgmm). 2 pays where two programs'
+    shared memory and registers fit on one SM together: one's epilogue then overlaps the other's main loop.
   tma: gmm and masked_gmm on Hopper: load tiles through tensor descriptors (TMA) where the shapes allow
     (True), or always use plain pointer loads (False). tgmm always loads through pointers.
   """
@@ -20,10 +22,11 @@ class Config:
   num_warps: int = 4
   num_stages: int = 3
   persistent: bool = True
+  programs_per_sm: int = 1
   tma: bool = True
 
   def __post_init__(self):
-    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
+    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
     for name in ("persistent", "tma"):
@@ -36,6 +39,8 @@ class Config:
       raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
     if not 1 <= self.num_stages <= 8:
       raise ValueError(f"config.num_stages must be an int in [1, 8], got {self.num_stages!r}")
+    if not 1 <= self.programs_per_sm <= 4:
+      raise ValueError(f"config.programs_per_sm must be an int in [1, 4], got {self.programs_per_sm!r}")
 
 
 def as_config(config):

@@ -177,11 +177,11 @@ class InterpretedGmmTest(KernelTestBase):
     start = (m - sum(sizes)) // 2
     bounds = self.bounds(m, sizes, start=start)
     lhs, rhs = self.normal((m, k)), self.normal((len(sizes), k, n))
-    for persistent in (True, False):
-      config = Config(block_m=16, block_n=16, block_k=16, persistent=persistent)
+    for grid in ({"persistent": True}, {"persistent": True, "programs_per_sm": 2}, {"persistent": False}):
+      config = Config(block_m=16, block_n=16, block_k=16, **grid)
       out = run_gmm(lhs, rhs, bounds, config=config)
       want = gmm_oracle(lhs, rhs, bounds, None, None, False, None)[0]
-      self.assert_close(out, want, 1e-5, f"persistent={persistent}")
+      self.assert_close(out, want, 1e-5, str(grid))
       np.testing.assert_array_equal(out[:bounds[0]], 0.0)  # Exact zeros outside the groups.
       np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
 
@@ -218,14 +218,15 @@ class InterpretedTgmmTest(KernelTestBase):
   @parameterized.product(
       (dict(m=40, k=32, n=48), dict(m=37, k=7, n=33), dict(m=29, k=1, n=16), dict(m=35, k=16, n=1)),
       transpose_lhs=(False, True),
-      persistent=(False, True),
+      programs_per_sm=(None, 1, 2),  # None: one program per tile.
       tma=(False, True),
   )
-  def test_layouts_and_sizes(self, m, k, n, transpose_lhs, persistent, tma):
+  def test_layouts_and_sizes(self, m, k, n, transpose_lhs, programs_per_sm, tma):
     groups = 4
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m)), self.normal((m, n))
     bounds = self.random_bounds(m, groups)
-    config = Config(block_m=16, block_n=16, block_k=16, persistent=persistent, tma=tma)
+    config = Config(block_m=16, block_n=16, block_k=16, persistent=programs_per_sm is not None,
+                    programs_per_sm=programs_per_sm or 1, tma=tma)
     out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, bias_grad=True, config=config)
     want, want_dbias = tgmm_oracle(lhs, rhs, bounds, None, transpose_lhs)
     self.assert_close(out, want, 1e-5, "out")
@@ -369,7 +370,8 @@ class GpuKernelTest(KernelTestBase):
     bounds = self.random_bounds(m, groups)
     config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
                                                 k, n, arch="sm90", out_dtype=np.dtype(dt).name)
-    config = dataclasses.replace(config, tma=tma)
+    # Both grid sizes without doubling the cases: two programs per SM with rhs transposed.
+    config = dataclasses.replace(config, tma=tma, programs_per_sm=2 if transpose_rhs else 1)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
@@ -393,16 +395,16 @@ class GpuKernelTest(KernelTestBase):
       (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=600, k=1, n=2880)),
       dtype=("bf16", "f16", "f32"),
       transpose_lhs=(False, True),
-      persistent=(False, True),
+      programs_per_sm=(None, 1, 2),  # None: one program per tile.
   )
-  def test_tgmm(self, m, k, n, dtype, transpose_lhs, persistent):
+  def test_tgmm(self, m, k, n, dtype, transpose_lhs, programs_per_sm):
     groups = 5
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m), dt), self.normal((m, n), dt)
     bounds = self.bounds(m, [0, *self.rng.multinomial(m - 10, np.full(groups - 1, 1 / (groups - 1)))], start=4)
     config = backend_triton.config_table.lookup("tgmm", np.dtype(dt).name, m / groups, k, n, arch="sm90",
                                                 out_dtype="float32")
-    config = dataclasses.replace(config, persistent=persistent)
+    config = dataclasses.replace(config, persistent=programs_per_sm is not None, programs_per_sm=programs_per_sm or 1)
     out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, out_dtype=jnp.float32, bias_grad=True,
                           config=config)
     want, want_dbias = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, transpose_lhs)

@@ -223,6 +223,9 @@ CONFIG_CASES = [
     ("num_warps_3", {"num_warps": 3}, ValueError, r"config.num_warps must be one of 1, 2, 4, 8, 16, got 3"),
     ("num_stages_9", {"num_stages": 9}, ValueError, r"config.num_stages must be an int in \[1, 8\], got 9"),
     ("persistent_int", {"persistent": 1}, TypeError, r"config.persistent must be a bool, got 1"),
+    ("programs_per_sm_0", {"programs_per_sm": 0}, ValueError, r"config.programs_per_sm must be an int in \[1, 4\], got 0"),
+    ("programs_per_sm_float", {"programs_per_sm": 2.0}, TypeError,
+     r"config.programs_per_sm must be a Python int, got 2.0"),
     ("tma_str", {"tma": "yes"}, TypeError, r"config.tma must be a bool, got 'yes'"),
 ]
 

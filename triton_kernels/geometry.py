@@ -15,17 +15,18 @@ def next_pow2(x):
   return 1 << max(0, x - 1).bit_length()
 
 
-def gmm_grid(m, n_out, num_groups, block_m, block_n, persistent, num_sms):
-  """Programs of gmm_kernel. Any bounds give at most cdiv(M, block_m) + G + 1 row tiles (one partial tile
-  per group, plus the zero tiles of the rows before the first and after the last group)."""
+def gmm_grid(m, n_out, num_groups, block_m, block_n, persistent_programs):
+  """Programs of gmm_kernel: one per tile, or at most persistent_programs (a persistent grid; None: not
+  persistent). Any bounds give at most cdiv(M, block_m) + G + 1 row tiles (one partial tile per group,
+  plus the zero tiles of the rows before the first and after the last group)."""
   max_tiles = (cdiv(m, block_m) + num_groups + 1) * cdiv(n_out, block_n)
-  return (min(num_sms, max_tiles) if persistent else max_tiles,)
+  return (min(persistent_programs or max_tiles, max_tiles),)
 
 
-def tgmm_grid(k, n, num_groups, block_m, block_n, persistent, num_sms):
-  """Programs of tgmm_kernel: the output tiles, or at most one program per SM when persistent."""
+def tgmm_grid(k, n, num_groups, block_m, block_n, persistent_programs):
+  """Programs of tgmm_kernel: one per output tile, or at most persistent_programs (None: not persistent)."""
   tiles = num_groups * cdiv(k, block_m) * cdiv(n, block_n)
-  return (min(num_sms, tiles) if persistent else tiles,)
+  return (min(persistent_programs or tiles, tiles),)
 
 
 def masked_grid(max_m, n, num_groups, block_m, block_n):

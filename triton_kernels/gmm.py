@@ -139,7 +139,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   bounds (G + 1,) int32: rows of group g are [bounds[g], bounds[g + 1]). Tiles are numbered group by group
   (row tiles x column tiles each), then come the zero tiles covering rows [0, bounds[0]) and [bounds[G], M)
   (not with ACCUMULATE, which keeps those rows of existing; h gets zeros there either way). Program p takes
-  tiles p, p + P, p + 2P, ... (P programs): about one per SM (persistent) or one per tile of the bound
+  tiles p, p + P, p + 2P, ... (P programs): one or a few per SM (persistent) or one per tile of the bound
   cdiv(M, BLOCK_M) + G + 1 (non-persistent). Each program keeps the group table (G_POW2 >= G entries) in
   registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's

@@ -91,7 +91,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) output tiles, group by group; program p takes tiles p, p + P, ...
 
-  P is about one program per SM (persistent) or the number of tiles (one tile each). bounds (G + 1,) int32.
+  P is one or a few programs per SM (persistent) or the number of tiles (one tile each). bounds (G + 1,) int32.
   Empty groups store exact zeros (or existing). existing_ptr aliases out_ptr when ACCUMULATE; existing_ptr
   and dbias_ptr are placeholders when their flag is off.
   """
