@@ -297,12 +297,16 @@ def tune_case(m, k, n, g, ops):
       except Exception as e:  # A config that does not compile or launch is skipped.
         print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
         continue
-      timings.append((ms, config))
+      timings.append((ms, config, jitted))
       print(f"  {key} {ms:.3f} ms {config}", flush=True)
-    if timings:
-      ms, config = min(timings, key=lambda t: t[0])
-      best[key] = dataclasses.asdict(config)
-      print(f"  best {key}: {ms:.3f} ms {config}", flush=True)
+    # Bursts drift with the GPU's clocks: the three fastest are timed again, interleaved, to pick one.
+    finalists = sorted(timings, key=lambda t: t[0])[:3]
+    if finalists:
+      rerun = time_interleaved({i: (functools.partial(jitted, *arrays), _jax_sync)
+                                for i, (_, _, jitted) in enumerate(finalists)}, min_batch_s=0.03, batches=5)
+      i = min(rerun, key=rerun.get)
+      best[key] = dataclasses.asdict(finalists[i][1])
+      print(f"  best {key}: {rerun[i]:.3f} ms {finalists[i][1]}", flush=True)
   return best
 
 

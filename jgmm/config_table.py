@@ -72,7 +72,7 @@ def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu, tma)
   return config
 
 
-def heuristic(op, dtype, rows_per_group, n):
+def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md)."""
   if op == "tgmm":
@@ -86,6 +86,10 @@ def heuristic(op, dtype, rows_per_group, n):
     config = Config(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4)
   elif rows_per_group <= 96:
     config = Config(block_m=64, block_n=128 if n <= 2048 else 256, block_k=64, num_warps=4, num_stages=4)
+  elif op == "gmm" and k <= 2048:
+    # Short reductions: two programs per SM, so one's epilogue overlaps the other's main loop (measured on
+    # an H200: -7% at K = 2048 with 1024 rows per group, -12% with 256; +9% at K = 4096).
+    config = Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2)
   else:
     config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
   if dtype == "float32":  # Twice the bytes per element: half the reduction step, at most 128 columns.
@@ -112,7 +116,7 @@ def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, tm
   config = _table(arch).get(table_key(op, dtype, rows_per_group, k, n)) if arch else None
   measured = config is not None and out_dtype == dtype  # Table entries were measured with out = in dtype.
   if config is None:
-    config = heuristic(op, dtype, rows_per_group, n)
+    config = heuristic(op, dtype, rows_per_group, k, n)
   if swiglu:  # The same shared memory and registers: two column blocks per tile.
     config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
   if measured:
