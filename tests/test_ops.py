@@ -72,11 +72,11 @@ class OpsTestBase(parameterized.TestCase):
     self.assertLess(err, TOLERANCE[dtype_name], f"relative error {err:.3g} (seed {self.seed})")
 
   def check_grads(self, f, args):
-    # Finite differences need exact float32 products (TF32's 1e-3 error swamps them) and a step well above
-    # float32 rounding: the ops are bilinear, so central differences of step 1e-2 carry rounding error alone
-    # (plus a smooth activation's O(1e-4) curvature term).
+    # Finite differences need exact float32 products (TF32's 1e-3 error swamps them) and a step between
+    # float32 rounding (JAX's default 1e-4 failed about 1 seed in 20) and the activations' curvature (1e-2
+    # failed swiglu on 1 seed in 60): 3e-3 passed 150 seeds of each activation.
     with jax.default_matmul_precision("float32"):
-      check_grads(f, args, order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
+      check_grads(f, args, order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=3e-3)
 
   def gmm(self, lhs, rhs, sizes, **kwargs):
     """jgmm.gmm under jit; array keyword arguments are traced too."""
