@@ -26,7 +26,7 @@ _INTERPRETER_PROGRAMS = 4  # Programs of a persistent grid under the interpreter
 class _Device:
   arch: str | None  # "sm90", "gfx942", ...; None under the interpreter
   num_sms: int
-  tma: bool  # whether kernels may use tensor descriptors (TMA): gmm's host-side, tgmm's device-side ones
+  tma: bool  # whether gmm/masked_gmm may load through host-side tensor descriptors (TMA)
 
 
 def _host_tma(capability):
@@ -101,7 +101,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   device = _device()
   if config is None:
     config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
-                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, tma=device.tma)
+                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
   accumulate = existing_out is not None
@@ -145,10 +145,7 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   device = _device()
   if config is None:
     config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, tma=device.tma)
-  use_tma = config.tma and device.tma and geometry.tgmm_tma_ok(
-      m, k, n, transpose_lhs, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
-      config.block_k)
+                                 out_dtype=out_dtype.name)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
@@ -159,9 +156,9 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
                               _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
-      K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs, ACCUMULATE=accumulate, BIAS_GRAD=bias_grad,
-      USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
+      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision())
   return (out, dbias) if bias_grad else out
 
 
@@ -180,7 +177,7 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   device = _device()
   if config is None:
     config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, tma=device.tma)
+                                 out_dtype=out_dtype.name)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)

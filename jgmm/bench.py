@@ -284,13 +284,16 @@ def tune_case(m, k, n, g, ops):
       config_table.table_key("tgmm", "bfloat16", m / g, k, n): (
           _SMALL_TGMM_CANDIDATES if small else _TGMM_CANDIDATES, tgmm, (x, dout, bounds)),
   }
-  tma_variants = (True, False) if backend_triton._device().tma else (False,)  # Each candidate with and without.
+  # gmm kernels: each candidate with TMA loads and with pointer loads, where the device has TMA.
+  tma_variants = (True, False) if backend_triton._device().tma else (False,)
   best = {}
   for key, (candidates, run, arrays) in kernels.items():
-    if key.split("/")[0] not in ops:
+    op = key.split("/")[0]
+    if op not in ops:
       continue
     timings = []
-    for config in [dataclasses.replace(c, tma=t) for c in candidates for t in tma_variants]:
+    variants = (False,) if op == "tgmm" else tma_variants
+    for config in [dataclasses.replace(c, tma=t) for c in candidates for t in variants]:
       jitted = jax.jit(functools.partial(run, config=config))
       try:
         ms = time_ms(lambda: jitted(*arrays), _jax_sync, min_batch_s=0.02, batches=5)

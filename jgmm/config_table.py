@@ -46,22 +46,21 @@ def _table(arch):
   return {key: Config(**fields) for key, fields in json.loads(text)["entries"].items()}
 
 
-def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False, tma=False):
+def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
   """Upper bound on the shared memory of a config (Triton 3.6, sm90): every pipeline stage's operand tiles,
-  the epilogue's layout-conversion buffer (one output tile), and with TMA tgmm's store staging tile (gmm
-  kernels load through TMA but store through pointers)."""
+  and the epilogue's layout-conversion buffer (one output tile)."""
   lhs_rows = config.block_m * config.block_k
   rhs_cols = (config.block_n * (2 if swiglu and op != "tgmm" else 1)) * config.block_k
   tile = config.block_m * config.block_n * out_itemsize
-  return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile * (2 if tma and op == "tgmm" else 1)
+  return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile
 
 
-def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu, tma):
+def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
   """Shrinks a heuristic config until it fits the shared memory: fewer pipeline stages (down to 2), then
   block_k down to 32, block_n and block_m down to 64, block_k down to 16."""
   limit = _SHARED_MEMORY.get(arch, _MIN_SHARED_MEMORY)
   steps = (("num_stages", 2), ("block_k", 32), ("block_n", 64), ("block_m", 64), ("block_k", 16))
-  while shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu, tma and config.tma) > limit:
+  while shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu) > limit:
     for field, floor in steps:
       value = getattr(config, field)
       if value > floor:
@@ -76,10 +75,8 @@ def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md)."""
   if op == "tgmm":
-    # tgmm's TMA path (whole row chunks through TMA, the group's last chunk through masked loads) measured
-    # 0-5% slower than its pointer path on an H200.
     config = Config(block_m=128, block_n=128 if n <= 128 else 256, block_k=16 if rows_per_group <= 32 else 64,
-                    num_warps=8, num_stages=3, tma=False)
+                    num_warps=8, num_stages=3, tma=False)  # tgmm loads through pointers either way.
   elif rows_per_group <= 16:
     config = Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5)
   elif rows_per_group <= 32:
@@ -97,12 +94,11 @@ def heuristic(op, dtype, rows_per_group, k, n):
   return config
 
 
-def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, tma=False):
+def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False):
   """The config for one call: JGMM_CONFIG, else the tuned table entry, else the heuristic.
 
   op: "gmm", "gmm_t", "tgmm" or "masked"; dtype/out_dtype: numpy dtype names of the inputs and the output;
   arch: e.g. "sm90" (None under the interpreter: heuristic only); n: rhs columns (both swiglu halves);
-  tma: whether the kernel may use tensor descriptors (they need a staging tile of shared memory).
   """
   override = os.environ.get(_ENV)
   if override:
@@ -122,4 +118,4 @@ def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, tm
   if measured:
     return config
   itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}
-  return _fit_shared_memory(op, config, arch, itemsize[dtype], itemsize[out_dtype], swiglu, tma)
+  return _fit_shared_memory(op, config, arch, itemsize[dtype], itemsize[out_dtype], swiglu)

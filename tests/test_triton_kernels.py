@@ -219,25 +219,24 @@ class InterpretedTgmmTest(KernelTestBase):
       (dict(m=40, k=32, n=48), dict(m=37, k=7, n=33), dict(m=29, k=1, n=16), dict(m=35, k=16, n=1)),
       transpose_lhs=(False, True),
       programs_per_sm=(None, 1, 2),  # None: one program per tile.
-      tma=(False, True),
   )
-  def test_layouts_and_sizes(self, m, k, n, transpose_lhs, programs_per_sm, tma):
+  def test_layouts_and_sizes(self, m, k, n, transpose_lhs, programs_per_sm):
     groups = 4
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m)), self.normal((m, n))
     bounds = self.random_bounds(m, groups)
     config = Config(block_m=16, block_n=16, block_k=16, persistent=programs_per_sm is not None,
-                    programs_per_sm=programs_per_sm or 1, tma=tma)
+                    programs_per_sm=programs_per_sm or 1)
     out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, bias_grad=True, config=config)
     want, want_dbias = tgmm_oracle(lhs, rhs, bounds, None, transpose_lhs)
     self.assert_close(out, want, 1e-5, "out")
     self.assert_close(dbias, want_dbias, 1e-5, "dbias")
 
-  @parameterized.product(transpose_lhs=(False, True), tma=(False, True))
-  def test_empty_groups_are_exact_zeros_and_existing_accumulates(self, transpose_lhs, tma):
+  @parameterized.product(transpose_lhs=(False, True), persistent=(False, True))
+  def test_empty_groups_are_exact_zeros_and_existing_accumulates(self, transpose_lhs, persistent):
     m, k, n = 40, 32, 32
     bounds = self.bounds(m, [0, 17, 0, 20, 0], start=2)
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m)), self.normal((m, n))
-    config = Config(block_m=16, block_n=16, block_k=16, tma=tma)
+    config = Config(block_m=16, block_n=16, block_k=16, persistent=persistent)
     out = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, config=config)
     self.assert_close(out, tgmm_oracle(lhs, rhs, bounds, None, transpose_lhs)[0], 1e-5)
     for g in (0, 2, 4):
@@ -332,14 +331,10 @@ class CrossLoweringTest(parameterized.TestCase):
     s = jax.ShapeDtypeStruct
     m, k, n, groups = 4096, 2048, 1536, 16
     for transpose_lhs in (True, False):
-      config = Config(block_m=128, block_n=128, block_k=32, num_warps=8, tma=tma)
-      text, _ = self.lower(
+      self.lower(
           lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt,
-                                              bias_grad=True, config=config),
+                                              bias_grad=True, config=None),
           s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32))
-      # tgmm's TMA path builds its descriptors on the device: their scratch is one more (uint8) result.
-      scratch = tma and transpose_lhs and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
-      self.assertEqual("xui8>" in text, scratch)
     config = Config(block_m=64, block_n=128, block_k=32, tma=tma)
     _, signatures = self.lower(
         lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=dt, expected_m=None, config=config),

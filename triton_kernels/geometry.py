@@ -47,10 +47,3 @@ def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize, block_m, block_n, block_k
   (Boxes start at multiples of the block along the innermost axis, so their starts are aligned too.)"""
   return (_strides_ok((k, n_out), in_itemsize) and _strides_ok((n_out,), out_itemsize)
           and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)
-
-
-def tgmm_tma_ok(m, k, n, transpose_lhs, in_itemsize, out_itemsize, block_m, block_n, block_k):
-  """Whether tgmm_kernel may use TMA: lhs in (M, K) layout (a (K, M) lhs would need boxes starting at any
-  column, and a box's innermost start must be 16-byte aligned); rhs (M, N); out (G, K, N)."""
-  return (transpose_lhs and _strides_ok((k, n), in_itemsize) and _strides_ok((n,), out_itemsize)
-          and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)
