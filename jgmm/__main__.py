@@ -16,13 +16,17 @@ TOKENS, TOP_K, EXPERTS, HIDDEN, FFN = 1024, 2, 8, 256, 512
 BENCH_SHAPE = (4096, 512, 512, 64)  # M, K, N, G
 
 
-def _median_ms(f, *args, repeats=10):
+def _median_ms(f, *args, calls=20, repeats=7):
+  """Median over `repeats` batches of ms per call, a batch being `calls` asynchronous calls and one wait (a
+  wait per call would time the host's dispatch and synchronisation, ~60 us, more than these kernels)."""
   jax.block_until_ready(f(*args))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    times.append(time.perf_counter() - start)
+    for _ in range(calls):
+      out = f(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / calls)
   return 1e3 * float(np.median(times))
 
 
