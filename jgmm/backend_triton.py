@@ -107,12 +107,12 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
-  # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
   if transpose_rhs:
     rhs_view, rhs_block = (num_groups, n // n_out, n_out, k), (1, 1, config.block_n, config.block_k)
   else:
     rhs_view, rhs_block = (num_groups, k, n // n_out, n_out), (1, config.block_k, 1, config.block_n)
   lhs_desc, rhs_desc = _descriptors(use_tma, lhs, (config.block_m, config.block_k), rhs, rhs_view, rhs_block)
+  # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
   out, h = ffi.triton_call(
       lhs, rhs, lhs_desc, rhs_desc, bounds, bounds if bias is None else bias,
       existing_out if accumulate else bounds, m,
@@ -122,9 +122,9 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       num_warps=config.num_warps, num_stages=config.num_stages,
       input_output_aliases={6: 0} if accumulate else None, name="jgmm_gmm",
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
-      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
-      ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation, USE_TMA=use_tma,
-      DOT_PRECISION=_dot_precision())
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
+      HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
   return (out, h) if save_preactivation else out
 
 
