@@ -131,34 +131,53 @@ def vector_add(x, y, block=64):
                          BLOCK=block)
 
 
-def matmul(a, b, bm=16, bn=16, bk=16):
+def accumulate_mod(x, block):
+  """out (block,): out[i % block] sums x[i]; the kernel atomically adds, so out must start zeroed."""
+  return ffi.triton_call(x,
+                         x.size,
+                         kernel=_accumulate_kernel,
+                         grid=(triton.cdiv(x.size, block),),
+                         BLOCK=block,
+                         out_shape=jax.ShapeDtypeStruct((block,), x.dtype),
+                         zeroed_outputs=(0,))
+
+
+def zeroed_scale_prefix(y, written, block):
+  """y's buffer, zeroed, then its first `written` elements doubled in place: zeros if the zeroing comes first."""
+  return ffi.triton_call(y,
+                         written,
+                         2.0,
+                         kernel=_scale_prefix_inplace_kernel,
+                         grid=(triton.cdiv(written, block),),
+                         BLOCK=block,
+                         out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
+                         input_output_aliases={0: 0},
+                         zeroed_outputs=(0,))
+
+
+def _launch_matmul(kernel, a, b, a_arg, b_arg, bm, bn, bk):
+  """c (M, N) = a (M, K) @ b (K, N) by `kernel`, which takes a_arg and b_arg (the arrays or descriptors)."""
   (m, k), (_, n) = a.shape, b.shape
-  return ffi.triton_call(a,
-                         b,
+  return ffi.triton_call(a_arg,
+                         b_arg,
                          m,
                          n,
                          k,
-                         kernel=_matmul_kernel,
+                         kernel=kernel,
                          out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
                          grid=(triton.cdiv(m, bm), triton.cdiv(n, bn)),
                          BM=bm,
                          BN=bn,
                          BK=bk)
+
+
+def matmul(a, b, bm=16, bn=16, bk=16):
+  return _launch_matmul(_matmul_kernel, a, b, a, b, bm, bn, bk)
 
 
 def descriptor_matmul(a, b, bm=16, bn=16, bk=16):
-  (m, k), (_, n) = a.shape, b.shape
-  return ffi.triton_call(ffi.TensorDescriptor(a, (bm, bk)),
-                         ffi.TensorDescriptor(b, (bk, bn)),
-                         m,
-                         n,
-                         k,
-                         kernel=_descriptor_matmul_kernel,
-                         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
-                         grid=(triton.cdiv(m, bm), triton.cdiv(n, bn)),
-                         BM=bm,
-                         BN=bn,
-                         BK=bk)
+  return _launch_matmul(_descriptor_matmul_kernel, a, b, ffi.TensorDescriptor(a, (bm, bk)),
+                        ffi.TensorDescriptor(b, (bk, bn)), bm, bn, bk)
 
 
 def descriptor_tile_copy(x, padding, bm=16, bn=8):
@@ -323,29 +342,12 @@ class InterpreterTest(parameterized.TestCase):
   def test_aliased_and_zeroed_output(self):
     n, written = 90, 41
     x = _random(self.rng, n)
-    got = np.asarray(
-        jax.jit(lambda x: ffi.triton_call(x,
-                                          n,
-                                          kernel=_accumulate_kernel,
-                                          grid=(2,),
-                                          BLOCK=64,
-                                          out_shape=jax.ShapeDtypeStruct((64,), x.dtype),
-                                          input_output_aliases={},
-                                          zeroed_outputs=(0,)))(*self._cpu(x)))
+    got = np.asarray(jax.jit(lambda x: accumulate_mod(x, 64))(*self._cpu(x)))
     expected = np.zeros(64)
     np.add.at(expected, np.arange(n) % 64, x.astype(np.float64))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     y = _random(self.rng, n)
-    got = np.asarray(
-        jax.jit(lambda y: ffi.triton_call(y,
-                                          written,
-                                          2.0,
-                                          kernel=_scale_prefix_inplace_kernel,
-                                          grid=(1,),
-                                          BLOCK=64,
-                                          out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
-                                          input_output_aliases={0: 0},
-                                          zeroed_outputs=(0,)))(*self._cpu(y)))
+    got = np.asarray(jax.jit(lambda y: zeroed_scale_prefix(y, written, 64))(*self._cpu(y)))
     np.testing.assert_array_equal(got, 0)  # zeroed before the kernel read it: 2 * 0 everywhere
 
   def test_unused_call_is_removed(self):
@@ -627,28 +629,12 @@ class GpuTest(parameterized.TestCase):
     for _ in range(3):  # leave NaN garbage in freed device memory the outputs may reuse
       jax.block_until_ready(jnp.full((4096,), jnp.nan) + 1).delete()
     x = _random(self.rng, n)
-    got = np.asarray(
-        jax.jit(lambda x: ffi.triton_call(x,
-                                          n,
-                                          kernel=_accumulate_kernel,
-                                          grid=(triton.cdiv(n, 128),),
-                                          BLOCK=128,
-                                          out_shape=jax.ShapeDtypeStruct((128,), x.dtype),
-                                          zeroed_outputs=(0,)))(x))
+    got = np.asarray(jax.jit(lambda x: accumulate_mod(x, 128))(x))
     expected = np.zeros(128)
     np.add.at(expected, np.arange(n) % 128, x.astype(np.float64))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     y = np.full(1000, np.nan, np.float32)  # poisoned aliased buffer, zeroed before the kernel reads it
-    got = np.asarray(
-        jax.jit(lambda y: ffi.triton_call(y,
-                                          400,
-                                          2.0,
-                                          kernel=_scale_prefix_inplace_kernel,
-                                          grid=(4,),
-                                          BLOCK=128,
-                                          out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
-                                          input_output_aliases={0: 0},
-                                          zeroed_outputs=(0,)))(y))
+    got = np.asarray(jax.jit(lambda y: zeroed_scale_prefix(y, 400, 128))(y))
     np.testing.assert_array_equal(got, 0)
 
   def test_global_scratch_kernel(self):

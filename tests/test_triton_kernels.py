@@ -112,13 +112,17 @@ def run_masked(x, w, masked_m, *, out_dtype=jnp.float32, config=SMALL):
 # CPU: the interpreter
 
 
-@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
-class InterpretedGmmTest(KernelTestBase):
+class InterpretedTestBase(KernelTestBase):
+  """The kernels under Triton's interpreter (TRITON_INTERPRET=1), never compiled for a GPU target."""
 
   def setUp(self):
     super().setUp()
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     os.environ.pop("JGMM_TARGET", None)
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedGmmTest(InterpretedTestBase):
 
   @parameterized.product(
       (dict(m=37, k=33, n=24), dict(m=40, k=32, n=48), dict(m=50, k=7, n=32), dict(m=21, k=1, n=7),
@@ -208,12 +212,7 @@ class InterpretedGmmTest(KernelTestBase):
 
 
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
-class InterpretedTgmmTest(KernelTestBase):
-
-  def setUp(self):
-    super().setUp()
-    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
-    os.environ.pop("JGMM_TARGET", None)
+class InterpretedTgmmTest(InterpretedTestBase):
 
   @parameterized.product(
       (dict(m=40, k=32, n=48), dict(m=37, k=7, n=33), dict(m=29, k=1, n=16), dict(m=35, k=16, n=1)),
@@ -263,12 +262,7 @@ class InterpretedTgmmTest(KernelTestBase):
 
 
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
-class InterpretedMaskedTest(KernelTestBase):
-
-  def setUp(self):
-    super().setUp()
-    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
-    os.environ.pop("JGMM_TARGET", None)
+class InterpretedMaskedTest(InterpretedTestBase):
 
   @parameterized.product(
       (dict(max_m=37, k=32, n=24), dict(max_m=16, k=7, n=33), dict(max_m=5, k=1, n=1)),
