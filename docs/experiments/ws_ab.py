@@ -1,0 +1,46 @@
+"""A/B of session 4 (run with autows_gmm.diff applied, which adds Config.warp_specialize): the table's config
+against warp-specialised configs, forward (gmm) and d lhs (gmm_t), through backend_triton with precomputed
+bounds, timed interleaved. The table rows of perf-notes' session-4 baseline come from it (the warp-specialised
+rows hung). python docs/experiments/ws_ab.py [case,...]"""
+import functools, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jgmm import backend_triton, config_table
+from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync, speed_of_light_ms
+from jgmm.config import Config
+from jgmm.ops import group_bounds
+
+WS = {
+  "ws128x256x64s3": Config(block_m=128, block_n=256, block_k=64, num_warps=4, num_stages=3, warp_specialize=True),
+  "ws128x256x64s4": Config(block_m=128, block_n=256, block_k=64, num_warps=4, num_stages=4, warp_specialize=True),
+  "ws128x128x64s4": Config(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, warp_specialize=True),
+  "ws256x128x64s3": Config(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=3, warp_specialize=True),
+}
+names = sys.argv[1].split(",") if len(sys.argv) > 1 else [c[0] for c in CASES if c[0] != "decode-small"]
+rows = []
+for name, m, k, n, g in [c for c in CASES if c[0] in names]:
+  inp = Inputs(m, k, n, g)
+  bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
+  for op in ("gmm", "gmm_t"):
+    tr = op == "gmm_t"
+    lhs = inp.dout if tr else inp.x
+    kk, nn = (n, k) if tr else (k, n)
+    table = config_table.lookup(op, "bfloat16", m / g, kk, nn, arch="sm90", out_dtype="bfloat16")
+    fns, ref = {}, None
+    for cname, cfg in {"table": table, **WS}.items():
+      f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=tr,
+                                    out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=cfg))
+      try:
+        t0 = time.time(); out = f(lhs, inp.w, bounds); out.block_until_ready()
+      except Exception as e:
+        print(f"{name} {op} {cname}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); continue
+      o = np.asarray(out, np.float32)
+      ref = o if ref is None else ref
+      err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
+      print(f"{name} {op} {cname}: compile+run {time.time()-t0:.1f}s, rel diff vs table {err:.2e}", flush=True)
+      fns[cname] = (functools.partial(f, lhs, inp.w, bounds), _jax_sync)
+    ms = time_interleaved(fns, min_batch_s=0.05, batches=7)
+    sol = speed_of_light_ms(m, kk, nn, g)
+    rows += [(name, op, c, t, 100 * sol / t, ms["table"] / t) for c, t in ms.items()]
+print("\n| case | op | config | ms | %SOL | speedup vs table |")
+for r in rows:
+  print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.0f}% | {r[5]:.3f} |")
