@@ -4,7 +4,7 @@ Per program (persistent, one per SM): two consumer warpgroups, each computing wh
 other tile of the program) with async wgmma, and one TMA loader warp per consumer, each pair through its
 own ring of S shared-memory stages; the epilogue goes through shared memory and a TMA store (a grouped kernel
 would need it clipped to the group's rows). Plain (M, K) x (K, N) bf16 against cuBLAS: correct, 66-87% of
-cuBLAS as it stands (c_ptr is unused since the TMA-store epilogue).
+cuBLAS as it stands.
   python docs/experiments/gluon_ws_matmul.py [small [programs]]     (needs a Hopper GPU and torch)
 """
 import sys
@@ -24,11 +24,17 @@ def _slot(j, kk, k_steps, S: gl.constexpr):
 
 
 @gluon.jit
+def _grid(M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+  """Column tiles, tiles, reduction steps. A program's tiles are pid, pid + P, ...; consumer and loader WHICH
+  take every other one of them, starting with the program's WHICH-th."""
+  num_n = gl.cdiv(N, BN)
+  return num_n, gl.cdiv(M, BM) * num_n, gl.cdiv(K, BK)
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, S: gl.constexpr, WHICH: gl.constexpr):
-  num_n = gl.cdiv(N, BN)
-  num_tiles = gl.cdiv(M, BM) * num_n
-  k_steps = gl.cdiv(K, BK)
+  num_n, num_tiles, k_steps = _grid(M, N, K, BM, BN, BK)
   j = WHICH
   for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), num_tiles, 2 * gl.num_programs(0)):
     off_m = (tile // num_n) * BM
@@ -43,12 +49,10 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM: gl.conste
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+def _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               S: gl.constexpr, WHICH: gl.constexpr):
   mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-  num_n = gl.cdiv(N, BN)
-  num_tiles = gl.cdiv(M, BM) * num_n
-  k_steps = gl.cdiv(K, BK)
+  num_n, num_tiles, k_steps = _grid(M, N, K, BM, BN, BK)
   j = WHICH
   for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), num_tiles, 2 * gl.num_programs(0)):
     off_m = (tile // num_n) * BM
@@ -73,31 +77,31 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, c_ptr, M, N, K, BM: 
 
 
 @gluon.jit
-def _consumer0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, S: gl.constexpr):
-  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, c_ptr, M, N, K, BM, BN, BK, S, 0)
+  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 0)
 
 
 @gluon.jit
-def _consumer1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, S: gl.constexpr):
-  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, c_ptr, M, N, K, BM, BN, BK, S, 1)
+  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 1)
 
 
 @gluon.jit
-def _loader0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _loader0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, S: gl.constexpr):
   _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 0)
 
 
 @gluon.jit
-def _loader1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _loader1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, S: gl.constexpr):
   _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 1)
 
 
 @gluon.jit
-def ws_matmul(a_desc, b_desc, c_desc, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+def ws_matmul(a_desc, b_desc, c_desc, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
   a_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BM, BK], a_desc.layout)
   b_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BK, BN], b_desc.layout)
   c_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BN], c_desc.layout)
@@ -107,10 +111,10 @@ def ws_matmul(a_desc, b_desc, c_desc, c_ptr, M, N, K, BM: gl.constexpr, BN: gl.c
     mbarrier.init(ready.index(s), count=1)
     mbarrier.init(empty.index(s), count=1)
   gl.warp_specialize([
-      (_consumer0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM, BN, BK, S)),
-      (_consumer1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM, BN, BK, S)),
-      (_loader0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM, BN, BK, S)),
-      (_loader1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ptr, M, N, K, BM, BN, BK, S)),
+      (_consumer0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
+      (_consumer1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
+      (_loader0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
+      (_loader1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
   ], [4, 1, 1], [232, 40, 40])
 
 
@@ -121,7 +125,7 @@ def run(a, b, c, BM=64, BN=256, BK=64, S=4, programs=132):
   b_desc = TensorDescriptor.from_tensor(b, [BK, BN], gl.NVMMASharedLayout.get_default_for([BK, BN], gl.bfloat16))
   c_desc = TensorDescriptor.from_tensor(c, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16))
   tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-  ws_matmul[(min(programs, tiles),)](a_desc, b_desc, c_desc, c, M, N, K, BM, BN, BK, S, num_warps=4, maxnreg=168)
+  ws_matmul[(min(programs, tiles),)](a_desc, b_desc, c_desc, M, N, K, BM, BN, BK, S, num_warps=4, maxnreg=168)
 
 
 if __name__ == "__main__":
