@@ -36,6 +36,8 @@ class TensorDescriptor:
     base: a jax array, rank 1-5, every dimension >= 1 and < 2**31, rows a multiple of 16 bytes.
     block_shape: the tile one load/store moves, one power of 2 per dimension of base.
     padding: what loads read outside base: "zero", or "nan" (float dtypes only).
+    layout: for a Gluon kernel, the shared-memory layout its param declares (a gluon NVMMASharedLayout); None
+      for @triton.jit kernels, where Triton picks it.
 
     Needs a CUDA GPU with TMA (sm_90+) and jaxlib >= 0.11; runs anywhere under TRITON_INTERPRET=1.
     """
@@ -43,6 +45,7 @@ class TensorDescriptor:
   base: object
   block_shape: tuple
   padding: str = "zero"
+  layout: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +54,11 @@ class _Descriptor:
 
   block_shape: tuple
   padding: str
+  layout: object
 
   def triton_type(self, dtype) -> str:
-    return f"tensordesc<{_dtypes.triton_type(dtype)}[{', '.join(map(str, self.block_shape))}]>"
+    layout = "" if self.layout is None else f",{self.layout!r}"
+    return f"tensordesc<{_dtypes.triton_type(dtype)}[{', '.join(map(str, self.block_shape))}]{layout}>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,7 @@ class _Call:
   grid: tuple
   num_warps: int
   num_stages: int
+  maxnreg: int | None
   constexprs: tuple
   aliases: tuple
   aliased_outputs_appended: bool
@@ -275,7 +281,8 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
   if has_descriptors:
     _jaxlib.check_tma_descriptors(module, platform, call.name)
   signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
-  compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps, call.num_stages)
+  compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps, call.num_stages,
+                                     call.maxnreg)
   if has_descriptors and not compiled.tensordesc_meta:
     raise NotImplementedError(
         f"{call.name}: Triton lowered the kernel's tensor-descriptor params to plain pointers for {target} (no "
@@ -312,7 +319,7 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
   opaque = _jaxlib.serialized_call(module,
                                    kernel_name=compiled.name,
                                    call_name=call.name,
-                                   num_warps=call.num_warps,
+                                   num_warps=compiled.num_warps,
                                    shared_mem_bytes=compiled.shared_mem_bytes,
                                    binary=compiled.binary,
                                    compute_capability=target.arch if target.platform == "cuda" else 0,
@@ -442,7 +449,7 @@ def _static_descriptor(descriptor: TensorDescriptor, i: int, name: str) -> _Desc
     raise ValueError(f"{what}: padding must be 'zero' or 'nan', got {descriptor.padding!r}")
   if descriptor.padding == "nan" and not jax.numpy.issubdtype(base.dtype, np.floating):
     raise ValueError(f"{what}: padding='nan' needs a floating-point base, got {np.dtype(base.dtype).name}")
-  return _Descriptor(block_shape, descriptor.padding)
+  return _Descriptor(block_shape, descriptor.padding, descriptor.layout)
 
 
 def triton_call(*args,
@@ -451,11 +458,13 @@ def triton_call(*args,
                 grid,
                 num_warps: int = 4,
                 num_stages: int = 3,
+                maxnreg: int | None = None,
                 input_output_aliases: dict | None = None,
                 zeroed_outputs: Sequence[int] = (),
                 name: str | None = None,
                 **constexprs):
-  """Calls a @triton.jit kernel on JAX arrays; usable inside jit (vmap loops over the batch, no autodiff).
+  """Calls a @triton.jit (or @gluon.jit) kernel on JAX arrays; usable inside jit (vmap loops over the batch, no
+    autodiff).
 
     Args:
       *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers),
@@ -468,7 +477,8 @@ def triton_call(*args,
         input_output_aliases) either also gets one (the kernel then sees that buffer twice) or, if the kernel
         declares exactly one param fewer per aliased output, is written through the input's param.
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
-      num_warps, num_stages: Triton compile options.
+      num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, CUDA; None: Triton's
+        default). A warp-specialised kernel launches with all its partitions' warps.
       input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input, an
         array (not a TensorDescriptor).
       zeroed_outputs: output indices set to zero before the launch (the others start undefined).
@@ -552,6 +562,7 @@ def triton_call(*args,
                grid=_normalize_grid(grid, meta, name),
                num_warps=int(num_warps),
                num_stages=int(num_stages),
+               maxnreg=maxnreg,
                constexprs=tuple(sorted(full_constexprs.items())),
                aliases=tuple(sorted(aliases)),
                aliased_outputs_appended=aliased_outputs_appended,

@@ -12,6 +12,7 @@ import threading
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -81,6 +82,7 @@ class CompiledKernel:
   name: str  # the symbol in the binary
   binary: str  # PTX text (cuda) or a path to the hsaco file (rocm, jaxlib reads it from disk)
   asm: dict  # Triton's intermediate and final artifacts: ttir, ttgir, llir, ptx/cubin or amdgcn/hsaco
+  num_warps: int  # warps a launch runs: more than asked for where the kernel is warp-specialised
   shared_mem_bytes: int
   global_scratch_size: int
   global_scratch_align: int
@@ -107,28 +109,28 @@ def jit_function(kernel) -> JITFunction:
 
 
 def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, target: Target, num_warps: int,
-                   num_stages: int) -> CompiledKernel:
-  """Compiles `kernel` with Triton for `target` (cached in-process by all these arguments).
+                   num_stages: int, maxnreg: int | None = None) -> CompiledKernel:
+  """Compiles `kernel` (@triton.jit, or Gluon's @gluon.jit) with Triton for `target` (cached in-process by all
+    these arguments).
 
     signature: {param name: Triton type ('*fp32', 'i32', ... or 'constexpr')} for every kernel param.
     constexprs: {param name: value} for the params typed 'constexpr'.
     attrs: {(param index,): [['tt.divisibility', 16], ...]} specialization hints that the launch guarantees.
+    maxnreg: registers per thread at launch (CUDA), which a warp-specialised Gluon kernel redistributes.
     """
   fn = jit_function(kernel)
   key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())),
-         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages)
+         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages, maxnreg)
   with _cache_lock:
     cached = _cache.get(key)
   if cached is not None:
     return cached
-  source = ASTSource(fn, signature, constexprs, attrs)
+  source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, constexprs, attrs)
+  options = {"num_warps": num_warps, "num_stages": num_stages}
+  if maxnreg is not None:
+    options["maxnreg"] = maxnreg
   try:
-    compiled = triton.compile(source,
-                              target=target.triton_target,
-                              options={
-                                  "num_warps": num_warps,
-                                  "num_stages": num_stages
-                              })
+    compiled = triton.compile(source, target=target.triton_target, options=options)
   except Exception as e:  # Triton raises CompilationError, RuntimeError (MLIR passes), AssertionError, ...
     raise KernelCompileError(f"Triton failed to compile kernel {fn.__name__!r} for {target} (num_warps={num_warps}, "
                              f"num_stages={num_stages}, constexprs={constexprs}): {type(e).__name__}: {e}") from e
@@ -142,6 +144,7 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
   result = CompiledKernel(name=metadata.name,
                           binary=binary,
                           asm=dict(compiled.asm),
+                          num_warps=metadata.num_warps,
                           shared_mem_bytes=metadata.shared,
                           global_scratch_size=getattr(metadata, "global_scratch_size", None) or 0,
                           global_scratch_align=getattr(metadata, "global_scratch_align", None) or 1,

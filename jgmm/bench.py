@@ -237,6 +237,8 @@ _GMM_CANDIDATES = [
     Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
     Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, programs_per_sm=2),
     Config(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
+    # The warp-specialised Gluon kernel (gmm_kernel with the same tiles where it does not apply).
+    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
 ]
 _SMALL_GMM_CANDIDATES = [
     Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5),

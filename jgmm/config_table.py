@@ -55,10 +55,15 @@ def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
   return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile
 
 
+def shared_memory_limit(arch):
+  """Bytes of shared memory one program may use on `arch` (the smallest known for an unknown one)."""
+  return _SHARED_MEMORY.get(arch, _MIN_SHARED_MEMORY)
+
+
 def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
   """Shrinks a heuristic config until it fits the shared memory: fewer pipeline stages (down to 2), then
   block_k down to 32, block_n and block_m down to 64, block_k down to 16."""
-  limit = _SHARED_MEMORY.get(arch, _MIN_SHARED_MEMORY)
+  limit = shared_memory_limit(arch)
   steps = (("num_stages", 2), ("block_k", 32), ("block_n", 64), ("block_m", 64), ("block_k", 16))
   while shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu) > limit:
     for field, floor in steps:

@@ -320,6 +320,32 @@ class CrossLoweringTest(parameterized.TestCase):
         s((groups, n), dt) if transpose else None)
     self.assert_loads_through_tma(signatures, tma and k % 8 == 0 and n % 16 == 0)
 
+  @parameterized.product(
+      shape=((32768, 2048, 1536, 128), (100, 64, 40, 3), (1000, 72, 5760, 4)),
+      transpose_rhs=(False, True),
+      dt=(jnp.bfloat16, jnp.float16),
+  )
+  def test_gmm_ws_compiles_for_sm90(self, shape, transpose_rhs, dt):
+    """The warp-specialised Gluon kernel where it applies (K a multiple of block_k unless rhs is transposed),
+    gmm_kernel elsewhere and with a jaxlib that cannot build host TMA descriptors."""
+    m, k, n, groups = shape
+    s = jax.ShapeDtypeStruct
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    _, signatures = self.lower(
+        lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=transpose_rhs, out_dtype=dt,
+                                           activation=None, save_preactivation=False, config=config),
+        s((m, k), dt), s((groups, n, k) if transpose_rhs else (groups, k, n), dt), s((groups + 1,), jnp.int32))
+    applies = (transpose_rhs or k % 64 == 0) and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
+    (signature,) = signatures
+    self.assertEqual("OUT_LAYOUT" in signature, applies, signature)
+    if applies:
+      rhs_box = "256, 64" if transpose_rhs else "64, 256"
+      self.assertTrue(signature["rhs_desc"].startswith(f"tensordesc<{'bf16' if dt == jnp.bfloat16 else 'fp16'}"
+                                                       f"[{rhs_box}],NVMMASharedLayout("), signature)
+      compiled = next(c for key, c in _compile._cache.items() if dict(key[1]) == signature)
+      self.assertEqual(compiled.num_warps, 12)  # The consumer warpgroups and the loader warp, rounded up.
+      self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
+
   @parameterized.product(dt=(jnp.bfloat16, jnp.float32), tma=(False, True))
   def test_tgmm_and_masked_compile_for_sm90(self, dt, tma):
     s = jax.ShapeDtypeStruct
@@ -364,6 +390,26 @@ class GpuKernelTest(KernelTestBase):
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
+
+  @parameterized.product(
+      (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=128, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+      dtype=("bf16", "f16"),
+      transpose_rhs=(False, True),
+  )
+  def test_gmm_ws(self, m, k, n, groups, dtype, transpose_rhs):
+    """The warp-specialised kernel: random groups with empty ones, rows before and after them (zeros), tiles
+    that end inside a group, N not a multiple of the tile, one group; K = 72 runs only with rhs transposed."""
+    dt = GPU_DTYPES[dtype]
+    lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
+    want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
+    self.assert_close(out, want, GPU_TOLERANCE[dtype])
+    out = np.asarray(out, np.float32)
+    np.testing.assert_array_equal(out[:bounds[0]], 0.0)
+    np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
 
   @parameterized.product(activation=ACTIVATIONS, dtype=("bf16", "f32"))
   def test_gmm_epilogue(self, activation, dtype):
@@ -424,10 +470,10 @@ class GpuKernelTest(KernelTestBase):
       g = np.searchsorted(bounds, r, side="right") - 1
       if g < groups:
         want[i] = lhs_rows[i] @ rhs64[g]
-    for tma in (True, False):
-      config = Config(block_m=128, block_n=128, block_k=16, num_warps=8, tma=tma)
+    for tma, ws in ((True, False), (False, False), (True, True)):
+      config = Config(block_m=128, block_n=128, block_k=16, num_warps=8, tma=tma, warp_specialized=ws)
       got = np.asarray(run_gmm(lhs, rhs, bounds, out_dtype=jnp.bfloat16, config=config)[rows], np.float32)
-      self.assertLess(rel_err(got, want), 1e-2, f"tma={tma}")
+      self.assertLess(rel_err(got, want), 1e-2, f"tma={tma} warp_specialized={ws}")
       np.testing.assert_array_equal(got[-2:], 0.0)
 
 

@@ -1,0 +1,147 @@
+"""gmm_ws_kernel: the Hopper (sm_90) gmm forward, warp-specialised, written in Gluon (Triton's tile-level language).
+
+out rows of group g = lhs rows of g @ rhs[g]: lhs (M, K), rhs (G, K, N) or (G, N, K) with TRANSPOSE_RHS, out (M, N),
+all 2-byte floats. No bias, activation or accumulation (jgmm's gmm_kernel covers those).
+
+Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is row tile t // column tiles
+(128 rows of the schedule, below) x column tile t % column tiles (BLOCK_N columns). Per program, three partitions:
+- a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) and the rhs tile of the tile's group
+  into one of S shared-memory stages (mbarriers: `ready` when the bytes landed, `empty` when both consumers are done);
+- two consumer warpgroups: consumer H owns rows [64 H, 64 H + 64) of the tile (a 64 x BLOCK_N fp32 accumulator,
+  async wgmma). A consumer whose half holds no row of the group skips its MMAs, so the work pads to 64 rows while
+  the rhs tile is read once per 128. Halves whose 64 rows all belong to the tile are stored through shared memory
+  and a TMA store; a partial half (a group's last rows) goes back from shared memory to registers and out by
+  masked stores, so no tile writes a row of another.
+
+schedule (1 + 4 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
+the group in it (0: a tile of rows outside every group, zeros to store), rows to store]; only r < R are used.
+The rhs descriptor views rhs as (G * K, N) (K a multiple of BLOCK_K, so a step never reads another group's rows)
+or, transposed, (G * N, K) (rows past the group's N only feed columns that are never stored).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+# TMA copies: Triton 3.6 names, renamed after it (async_load / async_store; the old names then raise).
+_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+
+BLOCK_M = 128  # Rows per tile: two consumers of 64 (the m64 of wgmma).
+HALF = gl.constexpr(64)
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
+MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
+
+
+@gluon.jit
+def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
+  """(group, first row, rows of the group, rows to store, row tile, column tile) of tile t."""
+  r = t // num_n
+  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
+          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), t % num_n)
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
+            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+            TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  nbytes: gl.constexpr = 2 * lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes
+  step = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX)
+    if rows > 0:
+      for kk in range(k_steps):
+        slot = step % S
+        mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), nbytes)
+        _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot))
+        _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot),
+                                        a_bufs.index(2 * slot + 1))
+        if TRANSPOSE_RHS:
+          _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot),
+                                          b_bufs.index(slot))
+        else:
+          _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot),
+                                          b_bufs.index(slot))
+        step += 1
+
+
+@gluon.jit
+def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
+              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  step = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX)
+    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+    half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
+    acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    if half_rows > 0:
+      for kk in range(k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        b = b_bufs.index(slot)
+        if TRANSPOSE_RHS:
+          b = b.permute((1, 0))
+        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((step + kk + S - 1) % S), pred=kk > 0)  # The previous step's stage.
+      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+      mbarrier.arrive(empty.index((step + k_steps - 1) % S))
+    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
+      for kk in range(k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        mbarrier.arrive(empty.index(slot))
+    if rows > 0:
+      step += k_steps
+    if half_store > 0:
+      row = row0 + H * HALF
+      c_buf = c_bufs.index(H)
+      tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
+      c_buf.store(acc.to(out_ptr.dtype.element_ty))
+      fence_async_shared()
+      if half_store == HALF:
+        _tma_store(out_desc, [row, ni * BLOCK_N], c_buf)
+      else:  # A group's last rows: a descriptor ending at them clips the store.
+        clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+        _tma_store(clipped, [row, ni * BLOCK_N], c_buf)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
+                  BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
+                  OUT_LAYOUT: gl.constexpr):
+  """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
+  (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
+  shared-memory layout OUT_LAYOUT)."""
+  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
+  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
+  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
+  ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+  empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+  for s in gl.static_range(S):
+    mbarrier.init(ready.index(s), count=1)
+    mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
+  gl.warp_specialize([
+      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
+      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                 BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT)),
+  ], [4, 1], [232, 40])
+
+
+def shared_layout(block_shape, dtype_name):
+  """The shared-memory layout of a (rows, columns) tile of dtype_name ("bfloat16" or "float16") in gmm_ws_kernel:
+  what its host descriptors and OUT_LAYOUT declare."""
+  return gl.NVMMASharedLayout.get_default_for(list(block_shape), {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name])
