@@ -9,9 +9,9 @@ Persistent: one program per SM walks tiles t = program id, + programs, ...; tile
   into one of S shared-memory stages (mbarriers: `ready` when the bytes landed, `empty` when both consumers are done);
 - two consumer warpgroups: consumer H owns rows [64 H, 64 H + 64) of the tile (a 64 x BLOCK_N fp32 accumulator,
   async wgmma). A consumer whose half holds no row of the group skips its MMAs, so the work pads to 64 rows while
-  the rhs tile is read once per 128. Halves whose 64 rows all belong to the tile are stored through shared memory
-  and a TMA store; a partial half (a group's last rows) goes back from shared memory to registers and out by
-  masked stores, so no tile writes a row of another.
+  the rhs tile is read once per 128. A half goes out through shared memory and a TMA store; for a partial half (a
+  group's last rows) through a descriptor made on the device that ends at its last row, which clips the store, so
+  no tile writes a row of another.
 
 schedule (1 + 4 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
 the group in it (0: a tile of rows outside every group, zeros to store), rows to store]; only r < R are used.
@@ -35,16 +35,16 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 @gluon.jit
 def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
-  """(group, first row, rows of the group, rows to store, row tile, column tile) of tile t."""
+  """(group, first row, rows of the group, rows to store, column tile) of tile t."""
   r = t // num_n
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
           gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), t % num_n)
 
 
 @gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
-            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
+            R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+            TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   nbytes: gl.constexpr = 2 * lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes
@@ -57,14 +57,11 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), nbytes)
         _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot))
-        _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot),
-                                        a_bufs.index(2 * slot + 1))
+        _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot + 1))
         if TRANSPOSE_RHS:
-          _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot),
-                                          b_bufs.index(slot))
+          _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot), b_bufs.index(slot))
         else:
-          _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot),
-                                          b_bufs.index(slot))
+          _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot), b_bufs.index(slot))
         step += 1
 
 
@@ -136,12 +133,13 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                 BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT)),
+      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
+                 TRANSPOSE_RHS)),
   ], [4, 1], [232, 40])
 
 
 def shared_layout(block_shape, dtype_name):
   """The shared-memory layout of a (rows, columns) tile of dtype_name ("bfloat16" or "float16") in gmm_ws_kernel:
   what its host descriptors and OUT_LAYOUT declare."""
-  return gl.NVMMASharedLayout.get_default_for(list(block_shape), {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name])
+  dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name]
+  return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype)

@@ -77,30 +77,6 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM: gl.cons
 
 
 @gluon.jit
-def _consumer0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, S: gl.constexpr):
-  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 0)
-
-
-@gluon.jit
-def _consumer1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, S: gl.constexpr):
-  _consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 1)
-
-
-@gluon.jit
-def _loader0(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
-             BK: gl.constexpr, S: gl.constexpr):
-  _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 0)
-
-
-@gluon.jit
-def _loader1(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
-             BK: gl.constexpr, S: gl.constexpr):
-  _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 1)
-
-
-@gluon.jit
 def ws_matmul(a_desc, b_desc, c_desc, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
   a_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BM, BK], a_desc.layout)
   b_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BK, BN], b_desc.layout)
@@ -111,10 +87,10 @@ def ws_matmul(a_desc, b_desc, c_desc, M, N, K, BM: gl.constexpr, BN: gl.constexp
     mbarrier.init(ready.index(s), count=1)
     mbarrier.init(empty.index(s), count=1)
   gl.warp_specialize([
-      (_consumer0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
-      (_consumer1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
-      (_loader0, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
-      (_loader1, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, M, N, K, BM, BN, BK, S)),
+      (_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 0)),
+      (_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, M, N, K, BM, BN, BK, S, 1)),
+      (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 0)),
+      (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM, BN, BK, S, 1)),
   ], [4, 1, 1], [232, 40, 40])
 
 
