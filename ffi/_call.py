@@ -18,6 +18,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from triton.compiler import make_backend
+from triton.experimental.gluon.language import NVMMASharedLayout
 
 from jgmm.ffi import _compile, _dtypes, _jaxlib
 from jgmm.ffi.interpret import host_tensor_descriptor, run_interpreted
@@ -449,6 +450,8 @@ def _static_descriptor(descriptor: TensorDescriptor, i: int, name: str) -> _Desc
     raise ValueError(f"{what}: padding must be 'zero' or 'nan', got {descriptor.padding!r}")
   if descriptor.padding == "nan" and not jax.numpy.issubdtype(base.dtype, np.floating):
     raise ValueError(f"{what}: padding='nan' needs a floating-point base, got {np.dtype(base.dtype).name}")
+  if descriptor.layout is not None and not isinstance(descriptor.layout, NVMMASharedLayout):
+    raise TypeError(f"{what}: layout must be None or a gluon NVMMASharedLayout, got {descriptor.layout!r}")
   return _Descriptor(block_shape, descriptor.padding, descriptor.layout)
 
 
@@ -477,7 +480,7 @@ def triton_call(*args,
         input_output_aliases) either also gets one (the kernel then sees that buffer twice) or, if the kernel
         declares exactly one param fewer per aliased output, is written through the input's param.
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
-      num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, CUDA; None: Triton's
+      num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, 24-255, CUDA; None: Triton's
         default). A warp-specialised kernel launches with all its partitions' warps.
       input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input, an
         array (not a TensorDescriptor).
@@ -554,6 +557,8 @@ def triton_call(*args,
     raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
                     f"{len(out_avals)} outputs were given")
 
+  if maxnreg is not None and (type(maxnreg) is not int or not 24 <= maxnreg <= 255):
+    raise ValueError(f"{name}: maxnreg must be None or an int in [24, 255] (registers per thread), got {maxnreg!r}")
   meta = dict(full_constexprs, num_warps=num_warps, num_stages=num_stages)
   call = _Call(kernel=kernel,
                name=name,

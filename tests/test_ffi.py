@@ -385,6 +385,9 @@ class InterpreterTest(parameterized.TestCase):
       ffi.triton_call(x, x, 8, kernel=lambda *a: None, out_shape=out, grid=(1,))
     with self.assertRaisesRegex(TypeError, "argument 2 must be a jax array"):
       ffi.triton_call(x, x, "8", kernel=_add_kernel, out_shape=out, grid=(1,), BLOCK=8)
+    for maxnreg in (16, 256, 128.0):
+      with self.assertRaisesRegex(ValueError, r"maxnreg must be None or an int in \[24, 255\]"):
+        ffi.triton_call(x, x, 8, kernel=_add_kernel, out_shape=out, grid=(1,), BLOCK=8, maxnreg=maxnreg)
     a = jnp.ones((32, 20), jnp.float32)
     call = lambda desc, **kw: ffi.triton_call(desc,
                                               24,
@@ -408,6 +411,8 @@ class InterpreterTest(parameterized.TestCase):
       call(ffi.TensorDescriptor(jnp.ones((0, 20), jnp.float32), (16, 8)))
     with self.assertRaisesRegex(TypeError, "base must be a jax array"):
       call(ffi.TensorDescriptor([1.0], (16, 8)))
+    with self.assertRaisesRegex(TypeError, "layout must be None or a gluon NVMMASharedLayout"):
+      call(ffi.TensorDescriptor(a, (16, 8), layout="swizzle128"))
     with self.assertRaisesRegex(ValueError, "must index an array argument"):
       ffi.triton_call(ffi.TensorDescriptor(a, (16, 8)),
                       24,
