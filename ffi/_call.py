@@ -480,8 +480,8 @@ def triton_call(*args,
         input_output_aliases) either also gets one (the kernel then sees that buffer twice) or, if the kernel
         declares exactly one param fewer per aliased output, is written through the input's param.
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
-      num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, 24-255, CUDA; None: Triton's
-        default). A warp-specialised kernel launches with all its partitions' warps.
+      num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, 24-255, CUDA; None:
+        Triton's default). A warp-specialised kernel launches with all its partitions' warps.
       input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input, an
         array (not a TensorDescriptor).
       zeroed_outputs: output indices set to zero before the launch (the others start undefined).
