@@ -1,0 +1,44 @@
+"""Are the warp-specialised kernel's wgmmas pipelined? Compiles gmm_ws_kernel for sm_90 on a CPU-only machine (qwen3's
+shape) and prints ptxas's resource line and C75xx warnings, and the SASS's sequence of HGMMA (H) and wgmma waits
+(wN: WARPGROUP.DEPBAR.LE gsb0, N). A pipelined main loop reads like HHHHw1; `Hw0` after every HGMMA means ptxas
+serialised them (session 6).
+    JAX_PLATFORMS=cpu python docs/experiments/sass_wgmma.py BLOCK_M:BLOCK_N:STAGES:{n|t} ...   (t: rhs transposed)"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ["JGMM_TARGET"] = "cuda:90"
+import jax, jax.numpy as jnp, triton
+from jgmm import backend_triton
+from jgmm.config import Config
+from jgmm.ffi import _compile
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+m, k, n, g = 32768, 2048, 1536, 128
+s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
+for arg in sys.argv[1:]:
+  block_m, block_n, stages, layout = arg.split(":")
+  tr = layout == "t"
+  config = Config(block_m=int(block_m), block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
+                  warp_specialized=True)
+  _compile._cache.clear()
+  jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=tr, out_dtype=dt, activation=None,
+                                             save_preactivation=False, config=config)).trace(
+      s((m, k), dt), s((g, n, k) if tr else (g, k, n), dt), s((g + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  (compiled,) = _compile._cache.values()
+  with tempfile.TemporaryDirectory() as d:
+    with open(f"{d}/k.ptx", "w") as f:
+      f.write(compiled.asm["ptx"])
+    ptxas = subprocess.run([f"{BIN}/ptxas", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                           capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([f"{BIN}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
+                          check=True).stdout
+  seq = "".join("H" if "HGMMA" in line else "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
+                for line in sass.splitlines() if "HGMMA" in line or "WARPGROUP.DEPBAR" in line)
+  print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
+  for line in ptxas.splitlines():
+    if "Used" in line or "C75" in line:
+      print("  ptxas:", line.split("ptxas info    : ")[-1][:160])
+  print("  HGMMA/wait sequence:", seq)
