@@ -5,8 +5,9 @@ all 2-byte floats. No bias, activation or accumulation (jgmm's gmm_kernel covers
 
 Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is row tile t // column tiles
 (128 rows of the schedule, below) x column tile t % column tiles (BLOCK_N columns). Per program, three partitions:
-- a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) and the rhs tile of the tile's group
-  into one of S shared-memory stages (mbarriers: `ready` when the bytes landed, `empty` when both consumers are done);
+- a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) (the bottom 64 only if they hold a row
+  of the group) and the rhs tile of the tile's group into one of S shared-memory stages (mbarriers: `ready` when the
+  bytes landed, `empty` when both consumers are done);
 - two consumer warpgroups: consumer H owns rows [64 H, 64 H + 64) of the tile (a 64 x BLOCK_N fp32 accumulator,
   async wgmma). A consumer whose half holds no row of the group skips its MMAs, so the work pads to 64 rows while
   the rhs tile is read once per 128. A half goes out through shared memory and a TMA store; for a partial half (a
