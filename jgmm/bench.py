@@ -4,8 +4,9 @@
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (jax.value_and_grad of a scalar loss; torch autograd) side by side in one
-process. Prints ms (median of timed batches), TFLOP/s, % of speed of light and ratios; writes bench.json
-(and bench.png if matplotlib imports) to --out. Timing: wall clock around a batch of asynchronous calls
+process. Prints ms (median of timed batches), TFLOP/s, % of speed of light (speed_of_light_ms with the H200
+ceilings of moe_shapes.py, and with this GPU's own, measured at start by measure_ceilings) and ratios; writes
+bench.json (and bench.png if matplotlib imports) to --out. Timing: wall clock around a batch of asynchronous calls
 ended by one synchronisation (the same for JAX and torch), median of several batches, after warm-up.
 Implementations are timed round-robin, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
@@ -48,9 +49,25 @@ def group_sizes(m, g, seed=0):
   return rng.multinomial(m, np.full(g, 1.0 / g)).astype(np.int32)
 
 
-def speed_of_light_ms(m, k, n, g, peak_flops=797e12, bandwidth=4.3e12):
+H200_CEILINGS = (797e12, 4.3e12)  # bf16 FLOP/s and bytes/s measured on an H200: moe_shapes.py's defaults.
+
+
+def speed_of_light_ms(m, k, n, g, peak_flops=H200_CEILINGS[0], bandwidth=H200_CEILINGS[1]):
   """Lower bound on one bf16 gmm: the larger of compute time and memory time (H200 ceilings by default)."""
   return 1e3 * max(2 * m * k * n / peak_flops, 2 * (m * k + g * k * n + m * n) / bandwidth)
+
+
+def measure_ceilings(repeats=5):
+  """(bf16 FLOP/s, bytes/s) of this GPU, measured as moe_shapes.py's H200 defaults were: an 8192^3 bf16 product
+  (jnp.dot, random data) and an elementwise pass over 2 GiB (bytes read plus written). The fastest of `repeats`
+  timings, so that the ceilings are not understated."""
+  k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+  a, b = (jax.random.normal(key, (8192, 8192), jnp.bfloat16) for key in (k1, k2))
+  big = jax.random.uniform(k3, (2**29,), jnp.float32)
+  dot, add = jax.jit(jnp.dot), jax.jit(lambda x: x + 1.0)
+  dot_ms = min(time_ms(lambda: dot(a, b), _jax_sync, batches=1) for _ in range(repeats))
+  add_ms = min(time_ms(lambda: add(big), _jax_sync, batches=1) for _ in range(repeats))
+  return 2 * 8192**3 / dot_ms * 1e3, 2 * big.nbytes / add_ms * 1e3
 
 
 def time_ms(fn, sync, min_batch_s=0.05, batches=7):
@@ -156,9 +173,11 @@ def _torch_impls(inp, m, k, n, g):
   return (fwd, fwd_bwd), sync
 
 
-def bench_case(name, m, k, n, g, ragged_cap_s):
-  """Timings of every implementation on one case: forwards interleaved, then forward+backwards."""
+def bench_case(name, m, k, n, g, ragged_cap_s, ceilings):
+  """Timings of every implementation on one case: forwards interleaved, then forward+backwards. % of speed of light
+  against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device)."""
   sol = speed_of_light_ms(m, k, n, g)
+  sol_device = speed_of_light_ms(m, k, n, g, *ceilings)
   flops = 2 * m * k * n
   inp = Inputs(m, k, n, g)
   impls = {impl: (fwd, fwd_bwd, _jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
@@ -177,16 +196,19 @@ def bench_case(name, m, k, n, g, ragged_cap_s):
                                  if fb is not None and impl in forward})
   # The dense reference reads one (K, N) weight, not G: its own floor is the g = 1 one.
   floors = {"dense_dot": speed_of_light_ms(m, k, n, 1)}
+  floors_device = {"dense_dot": speed_of_light_ms(m, k, n, 1, *ceilings)}
   rows = {}
   for impl, ms in fwd_ms.items():
     rows[impl] = {"fwd_ms": ms, "fwd_bwd_ms": fwd_bwd_ms.get(impl), "fwd_tflops": flops / ms / 1e9,
-                  "fwd_pct_sol": 100 * floors.get(impl, sol) / ms}
-  return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": sol, "impls": rows}
+                  "fwd_pct_sol": 100 * floors.get(impl, sol) / ms,
+                  "fwd_pct_sol_device": 100 * floors_device.get(impl, sol_device) / ms}
+  return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": sol, "sol_ms_device": sol_device, "impls": rows}
 
 
 def _print_table(results):
-  print("\n| case | impl | fwd ms | TFLOP/s | % SOL | fwd+bwd ms | fwd vs torch | fwd+bwd vs torch |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("\n% SOL: of speed_of_light_ms with the H200 ceilings; % SOL here: with this GPU's measured ceilings.")
+  print("| case | impl | fwd ms | TFLOP/s | % SOL | % SOL here | fwd+bwd ms | fwd vs torch | fwd+bwd vs torch |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in results:
     torch_row = r["impls"].get("torch_grouped_mm")
     for impl, row in r["impls"].items():
@@ -196,6 +218,7 @@ def _print_table(results):
         ratio = f"{torch_row['fwd_ms'] / row['fwd_ms']:.2f}x"
         ratio_fb = f"{torch_row['fwd_bwd_ms'] / fb:.2f}x" if fb else ""
       print(f"| {r['case']} | {impl} | {row['fwd_ms']:.3f} | {row['fwd_tflops']:.0f} | {row['fwd_pct_sol']:.0f}% | "
+            f"{row['fwd_pct_sol_device']:.0f}% | "
             f"{fb if fb is None else f'{fb:.3f}'} | {ratio} | {ratio_fb} |")
   with_torch = [r for r in results if "torch_grouped_mm" in r["impls"] and "jgmm" in r["impls"]]
   if with_torch:
@@ -216,10 +239,10 @@ def _plot(results, path):
   fig, ax = plt.subplots(figsize=(10, 4))
   width = 0.8 / len(impls)
   for j, impl in enumerate(impls):
-    values = [r["impls"].get(impl, {}).get("fwd_pct_sol", 0) for r in results]
+    values = [r["impls"].get(impl, {}).get("fwd_pct_sol_device", 0) for r in results]
     ax.bar([i + j * width for i in range(len(results))], values, width, label=impl)
   ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], [r["case"] for r in results], fontsize=8)
-  ax.set_ylabel("forward, % of speed of light")
+  ax.set_ylabel("forward, % of this GPU's speed of light")
   ax.axhline(100, color="k", lw=0.5)
   ax.legend(fontsize=8)
   fig.tight_layout()
@@ -342,13 +365,17 @@ def main(argv=None):
       json.dump({"entries": table}, f, indent=1, sort_keys=True)
   if args.no_bench:
     return
+  ceilings = measure_ceilings()
+  print(f"ceilings measured here: {ceilings[0] / 1e12:.0f} TFLOP/s bf16, {ceilings[1] / 1e12:.2f} TB/s "
+        f"(H200 defaults: {H200_CEILINGS[0] / 1e12:.0f}, {H200_CEILINGS[1] / 1e12:.2f})", flush=True)
   results = []
   for name, m, k, n, g in cases:
     print(f"benchmarking {name}", flush=True)
-    results.append(bench_case(name, m, k, n, g, args.ragged_cap))
+    results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings))
   _print_table(results)
   with open(os.path.join(args.out, "bench.json"), "w") as f:
-    json.dump({"device": device.device_kind, "jax": jax.__version__, "results": results}, f, indent=1)
+    json.dump({"device": device.device_kind, "jax": jax.__version__, "ceilings": {"flops": ceilings[0],
+               "bytes_per_s": ceilings[1]}, "results": results}, f, indent=1)
   _plot(results, os.path.join(args.out, "bench.png"))
 
 
