@@ -26,6 +26,7 @@ _INTERPRETER_PROGRAMS = 4  # Programs of a persistent grid under the interpreter
 @dataclasses.dataclass(frozen=True)
 class _Device:
   arch: str | None  # "sm90", "gfx942", ...; None under the interpreter
+  kind: str | None  # the GPU's model (jax.Device.device_kind), None where no GPU is present
   num_sms: int
   tma: bool  # whether gmm/masked_gmm may load through host-side tensor descriptors (TMA)
 
@@ -105,22 +106,23 @@ def _dot_precision():
 
 def _device():
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  kind = gpus[0].device_kind if gpus else None
   named = os.environ.get("JGMM_TARGET")
   if named:
     platform, _, arch = named.partition(":")
     if platform == "cuda":
       capability = int(arch)
       num_sms = gpus[0].core_count if gpus else _DEFAULT_NUM_SMS.get(capability, 132)
-      return _Device(f"sm{capability}", num_sms, _host_tma(capability))
-    return _Device(arch, gpus[0].core_count if gpus else 304, False)
+      return _Device(f"sm{capability}", kind, num_sms, _host_tma(capability))
+    return _Device(arch, kind, gpus[0].core_count if gpus else 304, False)
   if gpus:
     capability = str(gpus[0].compute_capability)
     if capability.startswith("gfx"):
-      return _Device(capability.split(":")[0], gpus[0].core_count, False)
+      return _Device(capability.split(":")[0], kind, gpus[0].core_count, False)
     major, minor = capability.split(".")[:2]
     capability = int(major) * 10 + int(minor)
-    return _Device(f"sm{capability}", gpus[0].core_count, _host_tma(capability))
-  return _Device(None, _INTERPRETER_PROGRAMS, True)
+    return _Device(f"sm{capability}", kind, gpus[0].core_count, _host_tma(capability))
+  return _Device(None, None, _INTERPRETER_PROGRAMS, True)
 
 
 def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation, save_preactivation,
@@ -146,7 +148,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   device = _device()
   if config is None:
     config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
-                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu)
+                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, device_kind=device.kind)
   if (config.warp_specialized and device.arch == "sm90" and device.tma and bias is None and existing_out is None
       and activation is None and not save_preactivation and lhs.dtype.name in ("bfloat16", "float16")
       and out_dtype.name in ("bfloat16", "float16") and geometry.gmm_ws_ok(
@@ -196,7 +198,7 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   device = _device()
   if config is None:
     config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name)
+                                 out_dtype=out_dtype.name, device_kind=device.kind)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
@@ -228,7 +230,7 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   device = _device()
   if config is None:
     config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name)
+                                 out_dtype=out_dtype.name, device_kind=device.kind)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)

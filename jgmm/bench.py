@@ -13,8 +13,8 @@ slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: 
 is timed by a single warm call where one takes more than --ragged-cap seconds.
 
 --tune sweeps candidate configs of every kernel each case runs (gmm forward, gmm with rhs transposed for
-d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: configs/<arch>.json with the fastest
-configs put in, to copy over it. Timings and lessons of each kernel version: docs/perf-notes.md.
+d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: the table this GPU reads with the fastest
+configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and lessons of each kernel version: docs/perf-notes.md.
 """
 import argparse
 import dataclasses
@@ -345,7 +345,7 @@ def main(argv=None):
   parser.add_argument("--ragged-cap", type=float, default=1.0,
                       help="seconds: ragged_dot is timed by a single call once one call takes longer")
   parser.add_argument("--tune", action="store_true",
-                      help="sweep configs; write tuned.json: configs/<arch>.json updated with the fastest")
+                      help="sweep configs; write tuned.json: this GPU's table updated with the fastest")
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   args = parser.parse_args(argv)
@@ -356,13 +356,15 @@ def main(argv=None):
   device = jax.devices()[0]
   print(f"device: {device.device_kind}, jax {jax.__version__}", flush=True)
   if args.tune:
-    arch = backend_triton._device().arch
-    table = {key: dataclasses.asdict(config) for key, config in config_table._table(arch).items()}
+    gpu = backend_triton._device()
+    table = {key: dataclasses.asdict(config) for key, config in config_table._table(gpu.arch, gpu.kind).items()}
     for name, m, k, n, g in cases:
       print(f"tuning {name}", flush=True)
       table.update(tune_case(m, k, n, g, args.tune_ops.split(",")))
     with open(os.path.join(args.out, "tuned.json"), "w") as f:
       json.dump({"entries": table}, f, indent=1, sort_keys=True)
+    print(f"wrote tuned.json: this GPU's table, to ship as configs/{config_table.table_files(gpu.arch, gpu.kind)[0]}",
+          flush=True)
   if args.no_bench:
     return
   ceilings = measure_ceilings()
