@@ -14,7 +14,8 @@ is timed by a single warm call where one takes more than --ragged-cap seconds.
 
 --tune sweeps candidate configs of every kernel each case runs (gmm forward, gmm with rhs transposed for
 d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: the table this GPU reads with the fastest
-configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and lessons of each kernel version: docs/perf-notes.md.
+configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and
+lessons of each kernel version: docs/perf-notes.md.
 """
 import argparse
 import dataclasses
