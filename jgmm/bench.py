@@ -177,8 +177,6 @@ def _torch_impls(inp, m, k, n, g):
 def bench_case(name, m, k, n, g, ragged_cap_s, ceilings):
   """Timings of every implementation on one case: forwards interleaved, then forward+backwards. % of speed of light
   against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device)."""
-  sol = speed_of_light_ms(m, k, n, g)
-  sol_device = speed_of_light_ms(m, k, n, g, *ceilings)
   flops = 2 * m * k * n
   inp = Inputs(m, k, n, g)
   impls = {impl: (fwd, fwd_bwd, _jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
@@ -195,15 +193,16 @@ def bench_case(name, m, k, n, g, ragged_cap_s, ceilings):
   fwd_ms = time_interleaved(forward, cap_s=ragged_cap_s)
   fwd_bwd_ms = time_interleaved({impl: (fb, sync) for impl, (_, fb, sync) in impls.items()
                                  if fb is not None and impl in forward})
-  # The dense reference reads one (K, N) weight, not G: its own floor is the g = 1 one.
-  floors = {"dense_dot": speed_of_light_ms(m, k, n, 1)}
-  floors_device = {"dense_dot": speed_of_light_ms(m, k, n, 1, *ceilings)}
+
+  def floor(impl, peaks=H200_CEILINGS):  # The dense reference reads one (K, N) weight, not G: its floor is g = 1's.
+    return speed_of_light_ms(m, k, n, 1 if impl == "dense_dot" else g, *peaks)
+
   rows = {}
   for impl, ms in fwd_ms.items():
     rows[impl] = {"fwd_ms": ms, "fwd_bwd_ms": fwd_bwd_ms.get(impl), "fwd_tflops": flops / ms / 1e9,
-                  "fwd_pct_sol": 100 * floors.get(impl, sol) / ms,
-                  "fwd_pct_sol_device": 100 * floors_device.get(impl, sol_device) / ms}
-  return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": sol, "sol_ms_device": sol_device, "impls": rows}
+                  "fwd_pct_sol": 100 * floor(impl) / ms, "fwd_pct_sol_device": 100 * floor(impl, ceilings) / ms}
+  return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": floor("jgmm"),
+          "sol_ms_device": floor("jgmm", ceilings), "impls": rows}
 
 
 def _print_table(results):
