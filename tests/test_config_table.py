@@ -27,8 +27,8 @@ class ConfigTableTest(absltest.TestCase):
     self.assertNotEmpty(differing)  # Else this test could not tell the tables apart.
     for key in differing:
       op, dtype, rows, k, n = key.split("/")
-      args = (op, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype], int(rows[1:]), int(k[1:]),
-              int(n[1:]))
+      dtype_name = {short: name for name, short in config_table._DTYPE_NAMES.items()}[dtype]
+      args = (op, dtype_name, int(rows[1:]), int(k[1:]), int(n[1:]))
       out_dtype = args[1]
       self.assertEqual(config_table.lookup(*args, arch="sm90", out_dtype=out_dtype, device_kind=H100),
                        Config(**h100[key]), key)
