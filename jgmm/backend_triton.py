@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jgmm import config_table, ffi
+from jgmm import backend_xla, config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_ws
@@ -146,9 +146,14 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     out = jnp.zeros((0, n_out), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((0, n), out_dtype)) if save_preactivation else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
-                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups,
+      transpose=transpose_rhs, activation=activation, bias=bias is not None, accumulate=existing_out is not None),
+      arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.gmm(lhs, rhs, bounds, bias, existing_out, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                           activation=activation, save_preactivation=save_preactivation, config=None)
+  config = choice.config
   if (config.warp_specialized and device.arch == "sm90" and device.tma and bias is None and existing_out is None
       and activation is None and not save_preactivation and lhs.dtype.name in ("bfloat16", "float16")
       and out_dtype.name in ("bfloat16", "float16") and geometry.gmm_ws_ok(
@@ -196,9 +201,13 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
     out = jnp.zeros((num_groups, k, n), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((num_groups, n), jnp.float32)) if bias_grad else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "tgmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups, transpose=transpose_lhs,
+      bias=bias_grad, accumulate=existing_out is not None), arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.tgmm(lhs, rhs, bounds, existing_out, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                            bias_grad=bias_grad, config=None)
+  config = choice.config
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
@@ -228,9 +237,12 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  if config is None:
-    config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups), arch=device.arch,
+      device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None)
+  config = choice.config
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)

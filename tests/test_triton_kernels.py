@@ -383,8 +383,9 @@ class GpuKernelTest(KernelTestBase):
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)
-    config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
-                                                k, n, arch="sm90", out_dtype=np.dtype(dt).name)
+    config = backend_triton.config_table.select(backend_triton.config_table.make_key(
+        "gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, np.dtype(dt).name, m / groups, k, n, groups,
+        transpose=transpose_rhs), arch="sm90").config
     # Both grid sizes without doubling the cases: two programs per SM with rhs transposed.
     config = dataclasses.replace(config, tma=tma, programs_per_sm=2 if transpose_rhs else 1)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
@@ -437,8 +438,9 @@ class GpuKernelTest(KernelTestBase):
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m), dt), self.normal((m, n), dt)
     bounds = self.bounds(m, [0, *self.rng.multinomial(m - 10, np.full(groups - 1, 1 / (groups - 1)))], start=4)
-    config = backend_triton.config_table.lookup("tgmm", np.dtype(dt).name, m / groups, k, n, arch="sm90",
-                                                out_dtype="float32")
+    config = backend_triton.config_table.select(backend_triton.config_table.make_key(
+        "tgmm", np.dtype(dt).name, "float32", m / groups, k, n, groups, transpose=transpose_lhs, bias=True),
+        arch="sm90").config
     config = dataclasses.replace(config, persistent=programs_per_sm is not None, programs_per_sm=programs_per_sm or 1)
     out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, out_dtype=jnp.float32, bias_grad=True,
                           config=config)
