@@ -259,6 +259,11 @@ def _merged_table(arch, device_kind, files):
   return merged
 
 
+def active_table(arch, device_kind=None):
+  """{Key: Entry} that select() reads now: the files of JGMM_CONFIG_FILES over the shipped table."""
+  return _merged_table(arch, device_kind, os.environ.get(_ENV_FILES, ""))
+
+
 def distance(a, b):
   """Sum over rows, K, N and G of |log2(a's size / b's size)|."""
   return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in ("rows", "k", "n", "g"))
@@ -305,7 +310,7 @@ def _select(key, arch, device_kind, override, env):
   else:
     source, entry = _tuned(key, _merged_table(arch, device_kind, files))
     if entry is None:
-      selection = Selection("triton", _fitted_heuristic(key, arch), "heuristic", None, None)
+      selection = Selection("triton", heuristic_config(key, arch), "heuristic", None, None)
     else:
       selection = Selection(entry.backend, entry.config, source, entry.file, entry)
   if log not in ("", "0"):
@@ -326,7 +331,7 @@ def _env_config(text):
 
 
 @functools.cache
-def _triton_version():
+def triton_version():
   try:
     return importlib.metadata.version("triton")
   except importlib.metadata.PackageNotFoundError:
@@ -337,8 +342,8 @@ def _log(key, selection):
   choice = "backend xla" if selection.backend == "xla" else f"{selection.config}"
   note = ""
   entry = selection.entry
-  if entry is not None and entry.triton and entry.triton != _triton_version():
-    note = f" (measured with Triton {entry.triton}, running Triton {_triton_version()})"
+  if entry is not None and entry.triton and entry.triton != triton_version():
+    note = f" (measured with Triton {entry.triton}, running Triton {triton_version()})"
   if selection.source == "nearest":
     note += f" (tuned for {entry.key}, distance {distance(entry.key, key):.2f})"
   logging.warning("jgmm config: %s <- %s%s: %s%s", key, selection.source,
@@ -398,8 +403,8 @@ def heuristic(op, dtype, rows_per_group, k, n):
   return config
 
 
-def _fitted_heuristic(key, arch):
-  """heuristic() for key; with swiglu, block_n counts output columns (each tile reads 2 * block_n rhs columns), so
+def heuristic_config(key, arch):
+  """heuristic() for key (what select() gives an untuned key); with swiglu, block_n counts output columns (each tile reads 2 * block_n rhs columns), so
   it is halved; then shrunk to fit the shared memory of arch."""
   in_dtype = {short: name for name, short in _DTYPE_NAMES.items()}[key.in_dtype]
   config = heuristic(key.op, in_dtype, key.rows, key.k, key.n)
