@@ -12,14 +12,13 @@ Implementations are timed round-robin, batch by batch, so all see the same clock
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
 
---tune sweeps candidate configs of every kernel each case runs (gmm forward, gmm with rhs transposed for
-d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: the table this GPU reads with the fastest
-configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and
-lessons of each kernel version: docs/perf-notes.md.
+--tune first tunes every kernel each case runs (gmm forward, gmm with rhs transposed for d lhs, tgmm for d rhs;
+--tune-ops picks) with jgmm-tune (jgmm/tune.py) into DIR/tuned.json, a table to use with JGMM_CONFIG_FILES or
+to merge into configs/<arch>-<model>.json (jgmm.config_table.table_files names it); the benchmark that follows
+does not read it unless JGMM_CONFIG_FILES names it. Timings and lessons of each kernel version:
+docs/perf-notes.md.
 """
 import argparse
-import dataclasses
-import functools
 import json
 import os
 import statistics
@@ -31,9 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import backend_triton, config_table
-from jgmm.config import Config
-from jgmm.ops import group_bounds
+from jgmm import tune
 
 # From ../shared/perf/moe_shapes.py (the GPU machine gets only this repository): (name, M, K, N, G).
 CASES = [
@@ -249,93 +246,12 @@ def _plot(results, path):
   fig.savefig(path, dpi=120)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Tuning
-
-_GMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    Config(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
-    # Two programs per SM (98 KB of shared memory and <= 255 registers of 128 threads each).
-    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
-    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, programs_per_sm=2),
-    Config(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
-    # The warp-specialised Gluon kernel (gmm_kernel with the same tiles where it does not apply).
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
-]
-_SMALL_GMM_CANDIDATES = [
-    Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5),
-    Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=6),
-    Config(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6),
-    Config(block_m=16, block_n=128, block_k=64, num_warps=4, num_stages=8),
-    Config(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4),
-]
-_TGMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
-    Config(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
-]
-_SMALL_TGMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=16, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=128, block_k=16, num_warps=4, num_stages=4),
-]
-
-
-def tune_case(m, k, n, g, ops):
-  """{table key: fields of the fastest config} for the kernels `ops` ("gmm": forward, "gmm_t": d lhs, "tgmm":
-  d rhs) of one case's forward and backward."""
-  inp = Inputs(m, k, n, g)
-  bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-  x, w, dout = inp.x, inp.w, inp.dout
-  small = m / g <= 32
-
-  def gmm(lhs, rhs, bounds, config, transpose_rhs):
-    return backend_triton.gmm(lhs, rhs, bounds, None, None, transpose_rhs=transpose_rhs, out_dtype=jnp.bfloat16,
-                              activation=None, save_preactivation=False, config=config)
-
-  def tgmm(lhs, rhs, bounds, config):
-    return backend_triton.tgmm(lhs, rhs, bounds, None, transpose_lhs=True, out_dtype=jnp.bfloat16,
-                               bias_grad=False, config=config)
-
-  kernels = {  # key: (candidates, fn(config, transpose) -> out, its array arguments)
-      config_table.table_key("gmm", "bfloat16", m / g, k, n): (
-          _SMALL_GMM_CANDIDATES if small else _GMM_CANDIDATES, functools.partial(gmm, transpose_rhs=False),
-          (x, w, bounds)),
-      config_table.table_key("gmm_t", "bfloat16", m / g, n, k): (
-          _SMALL_GMM_CANDIDATES if small else _GMM_CANDIDATES, functools.partial(gmm, transpose_rhs=True),
-          (dout, w, bounds)),
-      config_table.table_key("tgmm", "bfloat16", m / g, k, n): (
-          _SMALL_TGMM_CANDIDATES if small else _TGMM_CANDIDATES, tgmm, (x, dout, bounds)),
-  }
-  # gmm kernels: each candidate with TMA loads and with pointer loads, where the device has TMA.
-  tma_variants = (True, False) if backend_triton._device().tma else (False,)
-  best = {}
-  for key, (candidates, run, arrays) in kernels.items():
-    op = key.split("/")[0]
-    if op not in ops:
-      continue
-    timings = []
-    variants = (False,) if op == "tgmm" else tma_variants
-    for config in [dataclasses.replace(c, tma=t) for c in candidates for t in variants]:
-      jitted = jax.jit(functools.partial(run, config=config))
-      try:
-        ms = time_ms(lambda: jitted(*arrays), _jax_sync, min_batch_s=0.02, batches=5)
-      except Exception as e:  # A config that does not compile or launch is skipped.
-        print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        continue
-      timings.append((ms, config, jitted))
-      print(f"  {key} {ms:.3f} ms {config}", flush=True)
-    # Bursts drift with the GPU's clocks: the three fastest are timed again, interleaved, to pick one.
-    finalists = sorted(timings, key=lambda t: t[0])[:3]
-    if finalists:
-      rerun = time_interleaved({i: (functools.partial(jitted, *arrays), _jax_sync)
-                                for i, (_, _, jitted) in enumerate(finalists)}, min_batch_s=0.03, batches=5)
-      i = min(rerun, key=rerun.get)
-      best[key] = dataclasses.asdict(finalists[i][1])
-      print(f"  best {key}: {rerun[i]:.3f} ms {finalists[i][1]}", flush=True)
-  return best
+def tune_argv(cases, ops, out):
+  """jgmm-tune's arguments for the kernels `ops` of each case's forward and backward (gmm, gmm_t, tgmm)."""
+  shapes = []
+  for _, m, k, n, g in cases:
+    shapes += ["--shape", f"gmm,{m},{k},{n},{g}", "--shape", f"gmm_t,{m},{n},{k},{g}", "--shape", f"tgmm,{m},{k},{n},{g}"]
+  return [*shapes, "--ops", ops, "--output", os.path.join(out, "tuned.json")]
 
 
 def main(argv=None):
@@ -345,28 +261,20 @@ def main(argv=None):
   parser.add_argument("--ragged-cap", type=float, default=1.0,
                       help="seconds: ragged_dot is timed by a single call once one call takes longer")
   parser.add_argument("--tune", action="store_true",
-                      help="sweep configs; write tuned.json: this GPU's table updated with the fastest")
+                      help="tune the cases' kernels first (jgmm-tune): DIR/tuned.json, a table for JGMM_CONFIG_FILES")
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   args = parser.parse_args(argv)
-  if jax.devices()[0].platform != "gpu":
-    sys.exit("jgmm.bench needs a GPU")
   os.makedirs(args.out, exist_ok=True)
   cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
-  device = jax.devices()[0]
-  print(f"device: {device.device_kind}, jax {jax.__version__}", flush=True)
-  if args.tune:
-    gpu = backend_triton._device()
-    table = {key: dataclasses.asdict(config) for key, config in config_table._table(gpu.arch, gpu.kind).items()}
-    for name, m, k, n, g in cases:
-      print(f"tuning {name}", flush=True)
-      table.update(tune_case(m, k, n, g, args.tune_ops.split(",")))
-    with open(os.path.join(args.out, "tuned.json"), "w") as f:
-      json.dump({"entries": table}, f, indent=1, sort_keys=True)
-    print(f"wrote tuned.json: this GPU's table, to ship as configs/{config_table.table_files(gpu.arch, gpu.kind)[0]}",
-          flush=True)
+  if args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
+    tune.main(tune_argv(cases, args.tune_ops, args.out))
   if args.no_bench:
     return
+  if jax.devices()[0].platform != "gpu":
+    sys.exit("jgmm.bench needs a GPU")
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind}, jax {jax.__version__}", flush=True)
   ceilings = measure_ceilings()
   print(f"ceilings measured here: {ceilings[0] / 1e12:.0f} TFLOP/s bf16, {ceilings[1] / 1e12:.2f} TB/s "
         f"(H200 defaults: {H200_CEILINGS[0] / 1e12:.0f}, {H200_CEILINGS[1] / 1e12:.2f})", flush=True)
