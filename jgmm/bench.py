@@ -250,7 +250,8 @@ def tune_argv(cases, ops, out):
   """jgmm-tune's arguments for the kernels `ops` of each case's forward and backward (gmm, gmm_t, tgmm)."""
   shapes = []
   for _, m, k, n, g in cases:
-    shapes += ["--shape", f"gmm,{m},{k},{n},{g}", "--shape", f"gmm_t,{m},{n},{k},{g}", "--shape", f"tgmm,{m},{k},{n},{g}"]
+    for op, kk, nn in (("gmm", k, n), ("gmm_t", n, k), ("tgmm", k, n)):
+      shapes += ["--shape", f"{op},{m},{kk},{nn},{g}"]
   return [*shapes, "--ops", ops, "--output", os.path.join(out, "tuned.json")]
 
 

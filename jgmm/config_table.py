@@ -359,6 +359,12 @@ def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
   return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile
 
 
+def fits(key, config, arch):
+  """Whether config's shared memory (shared_memory_bytes) fits a program's on arch for a call of key."""
+  return shared_memory_bytes(key.op, config, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype],
+                             key.activation == "swiglu") <= shared_memory_limit(arch)
+
+
 def shared_memory_limit(arch):
   """Bytes of shared memory one program may use on `arch` (the smallest known for an unknown one)."""
   return _SHARED_MEMORY.get(arch, _MIN_SHARED_MEMORY)
@@ -404,8 +410,8 @@ def heuristic(op, dtype, rows_per_group, k, n):
 
 
 def heuristic_config(key, arch):
-  """heuristic() for key (what select() gives an untuned key); with swiglu, block_n counts output columns (each tile reads 2 * block_n rhs columns), so
-  it is halved; then shrunk to fit the shared memory of arch."""
+  """heuristic() for key (what select() gives an untuned key); with swiglu, block_n counts output columns (each
+  tile reads 2 * block_n rhs columns), so it is halved; then shrunk to fit the shared memory of arch."""
   in_dtype = {short: name for name, short in _DTYPE_NAMES.items()}[key.in_dtype]
   config = heuristic(key.op, in_dtype, key.rows, key.k, key.n)
   swiglu = key.activation == "swiglu"

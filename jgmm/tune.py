@@ -40,7 +40,9 @@ _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4,
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
 _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
-_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}  # fp32: Triton's dots round inputs to TF32.
+# Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits).
+_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11, "fp8e4m3": 2.0**-4, "fp8e4m3fnuz": 2.0**-4,
+        "fp8e5m2": 2.0**-3}
 
 
 def candidate_space(key, space):
@@ -60,19 +62,13 @@ def candidate_space(key, space):
   return configs
 
 
-def _fits(key, config, arch):
-  return config_table.shared_memory_bytes(
-      key.op, config, config_table._ITEMSIZE[key.in_dtype], config_table._ITEMSIZE[key.out_dtype],
-      key.activation == "swiglu") <= config_table.shared_memory_limit(arch)
-
-
 def candidates(key, configs, arch, backends):
-  """[{"backend": ..., "config": ...}] to screen: the configs that fit arch's shared memory and the heuristic's
-  (if "triton" in backends), and the xla backend (if "xla" in backends)."""
+  """[{"backend": ..., "config": ...}] to screen: the heuristic's config first and the configs that fit arch's
+  shared memory (if "triton" in backends), and the xla backend (if "xla" in backends)."""
   out = []
   if "triton" in backends:
     heuristic = config_table.heuristic_config(key, arch)
-    fitting = [c for c in configs if c != heuristic and _fits(key, c, arch)]
+    fitting = [c for c in configs if c != heuristic and config_table.fits(key, c, arch)]
     out += [{"backend": "triton", "config": dataclasses.asdict(c)} for c in [heuristic, *fitting]]
   if "xla" in backends:
     out.append({"backend": "xla"})
@@ -173,6 +169,9 @@ def tune_key(worker, key, m, args, report):
   configs = args.candidates or candidate_space(key, args.space)
   cands = candidates(key, configs, arch, args.backends if worker.device["triton"] else ["xla"])
   timings = _screen(worker, key, m, cands, args, report)
+  if not timings:
+    return None
+  # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
   triton = sorted((i for i in timings if cands[i]["backend"] == "triton"), key=timings.get)[:args.finalists]
   finalists = sorted(set(triton) | {i for i in timings if cands[i]["backend"] == "xla" or i == 0})
   job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in finalists],
@@ -241,8 +240,14 @@ def _progress(total):
   return tqdm(total=total, unit="key", dynamic_ncols=True)
 
 
+def _read_configs(path):
+  with open(path) as f:
+    return [Config(**fields) for fields in json.load(f)]
+
+
 def parse_args(argv):
-  p = argparse.ArgumentParser(prog="jgmm-tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="jgmm-tune", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--capture", action="append", default=[], help="a JGMM_CAPTURE_SHAPES file (repeatable)")
   p.add_argument("--shape", action="append", default=[], help="op,M,K,N,G (repeatable)")
   p.add_argument("--model-config", help="a Hugging Face MoE model's config.json (jgmm/model_shapes.py)")
@@ -260,7 +265,7 @@ def parse_args(argv):
   p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take (compile and time)")
   p.add_argument("--backends", type=lambda s: s.split(","), default=["triton", "xla"], help="triton,xla")
   p.add_argument("--space", choices=("small", "full"), default="small", help="the candidate space")
-  p.add_argument("--candidates", type=lambda path: [Config(**c) for c in json.load(open(path))],
+  p.add_argument("--candidates", type=_read_configs,
                  help="a JSON list of Config objects to screen instead of --space")
   p.add_argument("--finalists", type=int, default=3, help="Triton candidates timed again in the final phase")
   p.add_argument("--err-ratio", type=float, default=4.0,
@@ -298,17 +303,19 @@ def tune(args, todo, worker):
   profile = open(args.profile_file, "a", buffering=1) if args.profile_file else None
   bar = _progress(len(todo))
 
-  def report(phase, cand, event):
-    record = {"key": str(key), "phase": phase, "candidate": cand, **event}
-    if profile:
-      profile.write(json.dumps(record) + "\n")
-    if args.verbose or ("error" in event and phase == "final"):
-      (bar.write if bar else print)(json.dumps(record))
+  def reporter(key):
+    def report(phase, cand, event):
+      record = {"key": str(key), "phase": phase, "candidate": cand, **event}
+      if profile:
+        profile.write(json.dumps(record) + "\n")
+      if args.verbose or ("error" in event and phase == "final"):
+        (bar.write if bar else print)(json.dumps(record))
+    return report
 
   for key, m in todo:
     if bar:
       bar.set_description(str(key))
-    entry = tune_key(worker, key, m, args, report)
+    entry = tune_key(worker, key, m, args, reporter(key))
     if entry is None:
       best = "no candidate ran correctly; not written"
     else:

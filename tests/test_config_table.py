@@ -120,7 +120,8 @@ class LookupTest(TableTestBase):
     fp32 = config_table.make_key("gmm", "float32", "float32", 1024, 4096, 4096, 8)
     for arch in ("sm90", "sm86", None):
       config = self.select(fp32, arch).config
-      self.assertLessEqual(config_table.shared_memory_bytes("gmm", config, 4, 4), config_table.shared_memory_limit(arch))
+      self.assertLessEqual(config_table.shared_memory_bytes("gmm", config, 4, 4),
+                           config_table.shared_memory_limit(arch))
 
   def test_log_once_per_selection_with_source_file_and_triton_version(self):
     path = self.table("t.json", entry(key(), A, triton="0.0.1"))

@@ -139,8 +139,8 @@ class TunerChoiceTest(absltest.TestCase):
     entry, reports = self.run_tuner(xla_us=1000)
     self.assertEqual((entry.backend, entry.config), ("triton", Config(16, 32, 16, 4, 2)))
     self.assertEqual((entry.us, entry.max_rel_err, entry.gpu, entry.triton), (32.0, 1e-4, "Fake GPU", "9.9"))
-    errors = {(c or {}).get("config", {}).get("block_m", "xla") if phase == "screen" else (phase, c["config"]["block_n"]):
-              e.get("error") for phase, c, e in reports if "error" in e}
+    label = lambda phase, c: c["config"]["block_m"] if phase == "screen" else (phase, c["config"]["block_n"])
+    errors = {label(phase, c): e["error"] for phase, c, e in reports if "error" in e}
     self.assertRegex(errors[32], "timed out after 2 s")
     self.assertRegex(errors[64], r"the worker died \(exit status 3\)")
     self.assertRegex(errors[128], "CompileError")
