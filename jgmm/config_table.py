@@ -34,6 +34,7 @@ select() looks a call up at trace time, memoised per key and environment, in thi
 An entry choosing backend "xla" makes the op run the portable backend (jgmm.backend_xla) for that key; nearest
 neighbours lend only Triton configs (a backend's speed does not carry over to other sizes). An entry measured
 with another Triton version applies, and the log says so.
+Tables are read once per process and list of files (a file rewritten later is not reread).
 JGMM_LOG_CONFIG=1 logs (absl, WARNING level so that it shows) each selection once: key, source, file, choice.
 JGMM_CAPTURE_SHAPES=/path appends every key a process selects by padded, nearest or heuristic (untuned) to /path,
 one JSON line each, once across processes (capture.py).

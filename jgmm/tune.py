@@ -158,6 +158,9 @@ def _screen(worker, key, m, cands, args, report):
           timings[i] = event["us"]
       todo = []
     except WorkerFailed as failed:
+      if failed.i < 0:  # before any candidate started: the key's inputs
+        report("screen", None, {"error": str(failed)})
+        break
       report("screen", cands[todo[failed.i]], {"error": str(failed)})
       todo = todo[failed.i + 1:]
   return timings

@@ -92,10 +92,37 @@ def _config(candidate):
   return Config(**candidate["config"]) if candidate["backend"] == "triton" else None
 
 
+class _Problem:
+  """One key's inputs and its jitted calls, kept from the screen to the final phase (compiled once)."""
+
+  def __init__(self, key, m):
+    self.id = (key, m)
+    self.arrays, self._call, self.flops = problem(key, m)
+    self._fns = {}
+
+  def call(self, backend, config):
+    if (backend, config) not in self._fns:
+      self._fns[backend, config] = self._call(backend, config)
+    return self._fns[backend, config]
+
+
+_current = None  # the _Problem of the last job
+
+
 def run_job(job, emit):
   """Answers one job (module docstring) through emit(dict)."""
+  global _current
   key = config_table.Key(**job["key"])
-  arrays, call, flops = problem(key, job["m"])
+  if _current is None or _current.id != (key, job["m"]):
+    _current = None  # Frees the last key's arrays first.
+    try:
+      _current = _Problem(key, job["m"])
+    except ValueError as e:  # an op the tuner cannot time: every candidate fails
+      for i in range(len(job["candidates"])):
+        emit({"event": "result", "i": i, "error": str(e)})
+      emit({"event": "done"})
+      return
+  arrays, call, flops = _current.arrays, _current.call, _current.flops
   candidates, seconds = job["candidates"], job["seconds"]
   if job["phase"] == "screen":
     for i, candidate in enumerate(candidates):
