@@ -152,7 +152,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       arch=device.arch, device_kind=device.kind, override=config)
   if choice.backend == "xla":
     return backend_xla.gmm(lhs, rhs, bounds, bias, existing_out, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
-                           activation=activation, save_preactivation=save_preactivation, config=None)
+                           activation=activation, save_preactivation=save_preactivation, config=None,
+                           precision=precision)
   config = choice.config
   if (config.warp_specialized and device.arch == "sm90" and device.tma and bias is None and existing_out is None
       and activation is None and not save_preactivation and lhs.dtype.name in ("bfloat16", "float16")
@@ -206,7 +207,7 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       bias=bias_grad, accumulate=existing_out is not None), arch=device.arch, device_kind=device.kind, override=config)
   if choice.backend == "xla":
     return backend_xla.tgmm(lhs, rhs, bounds, existing_out, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
-                            bias_grad=bias_grad, config=None)
+                            bias_grad=bias_grad, config=None, precision=precision)
   config = choice.config
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
@@ -241,7 +242,8 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None)
       "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups), arch=device.arch,
       device_kind=device.kind, override=config)
   if choice.backend == "xla":
-    return backend_xla.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None)
+    return backend_xla.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None,
+                                  precision=precision)
   config = choice.config
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
