@@ -273,8 +273,12 @@ class XlaChoiceTest(TableTestBase):
     self.assertLess(oracle.rel_err(out, oracle.gmm(lhs, rhs, sizes)), 1e-5)
     self.assertLess(oracle.rel_err(dw, oracle.tgmm(lhs, dout, sizes, transpose_lhs=True)[0]), 1e-5)
     self.assertLess(oracle.rel_err(masked, oracle.masked_gmm(x, w, masked_m)), 1e-5)
-    with self.assertRaisesRegex(Exception, "a Triton kernel ran"):  # Without the entry, the kernel is called.
+    # Without an entry, the kernel is called, and the untuned key captured.
+    os.environ["JGMM_CAPTURE_SHAPES"] = captured = os.path.join(self.dir, "shapes.jsonl")
+    with self.assertRaisesRegex(Exception, "a Triton kernel ran"):
       jax.jit(lambda a, b: jgmm.gmm(a, b, sizes, preferred_element_type=jnp.bfloat16, backend="triton"))(lhs, rhs)
+    bf16_out = config_table.make_key("gmm", "float32", "bfloat16", m / g, k, n, g)
+    self.assertEqual(capture.read(captured), [bf16_out._asdict()])
 
 
 if __name__ == "__main__":

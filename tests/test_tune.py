@@ -160,7 +160,7 @@ class ResumeTest(absltest.TestCase):
     out_dir = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, out_dir)
     output = os.path.join(out_dir, "table.json")
-    shapes = [("--shape", f"gmm,{16 * g},16,24,{g}") for g in (2, 3, 4)]
+    shapes = [("--shape", f"gmm,{16 * g},16,24,{g}") for g in (2, 3)]
     argv = [sys.executable, "-m", "jgmm.tune", *sum(shapes, ()), "--dtype", "float32", "--backends", "xla",
             "--output", output, "--screen-s", "0.001", "--final-s", "0.001", "--timeout", "60"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -172,12 +172,12 @@ class ResumeTest(absltest.TestCase):
     os.killpg(first.pid, signal.SIGKILL)  # the tuner and its worker, mid-run
     first.wait()
     partial = config_table.read_table(output)
-    self.assertBetween(len(partial), 1, 2)  # finished keys kept; the run was cut short
+    self.assertLen(partial, 1)  # the finished key kept; the run was cut short
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
-    self.assertIn(f"{3 - len(partial)} keys to tune, {len(partial)} already tuned", done.stdout)
+    self.assertIn("1 keys to tune, 1 already tuned", done.stdout)
     table = config_table.read_table(output)
-    self.assertLen(table, 3)
+    self.assertLen(table, 2)
     for key, entry in partial.items():
       self.assertEqual(table[key], entry)  # not retuned
     self.assertTrue(all(e.backend == "xla" and e.us > 0 and e.max_rel_err == 0 for e in table.values()))
