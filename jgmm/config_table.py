@@ -2,11 +2,13 @@
 
 A GPU reads configs/<arch>-<model>.json where one ships for its model (<model>: the device kind, lowercased, runs
 of other characters as "_", e.g. sm90-nvidia_h100_80gb_hbm3.json), else configs/<arch>.json (sm90.json: tuned on
-an H200). JGMM_CONFIG_FILES=/a.json:/b.json merges user tables over it, earlier paths winning (any platform,
-the Triton interpreter included). `jgmm-tune` (jgmm/tune.py) writes such files.
+an H200). GPUs of one architecture can want different configs: on an H100 (less memory bandwidth, a smaller L2)
+the warp-specialised gmm measured 5-12% slower than gmm_kernel where it is the fastest on an H200.
+JGMM_CONFIG_FILES=/a.json:/b.json merges user tables over it, earlier paths winning (any platform, the Triton
+interpreter included). `jgmm-tune` (jgmm/tune.py) writes such files.
 
-A table (JSON, schema 2; docs in the "comment" field of each shipped file):
-  {"schema": 2, "entries": [ENTRY, ...]}
+A table (JSON, schema 2, one entry per line):
+  {"schema": 2, "comment": "optional: where the entries come from", "entries": [ENTRY, ...]}
   ENTRY: the key fields
     op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K)), or an
       FP8 op: "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8";
@@ -19,7 +21,12 @@ A table (JSON, schema 2; docs in the "comment" field of each shipped file):
     scale: the FP8 scale recipe's name, null otherwise;
   and the choice: backend ("triton" or "xla"), config (jgmm.Config fields; null with backend "xla"), and what
   was measured, each null where unknown: us (microseconds per call), tflops, max_rel_err (max |out - xla's out|
-  over max |xla's out|), gpu (jax's device_kind), jgmm and triton (versions).
+  over max |xla's out|), gpu (jax's device_kind), jgmm and triton (versions). The shipped entries were migrated
+  from schema 1 (keys of power-of-two buckets, configs only): their us, tflops, max_rel_err and jgmm are null.
+Meaning of the blocks per op: gmm and masked tile the output (block_m rows x block_n columns) and step block_k
+along K; tgmm tiles its (K, N) output with block_m along K and block_n along N and reduces block_k group rows per
+step. With activation "swiglu", block_n counts output columns: each tile reads 2 * block_n rhs columns (gate and
+up); an entry's config is used as written, the heuristic's block_n is halved.
 A damaged or hand-edited file (bad JSON, an unknown or missing field, a wrong type, an invalid tile, a duplicated
 key) raises TableError naming the file and the entry.
 
@@ -57,7 +64,6 @@ from jgmm.config import Config
 SCHEMA = 2
 OPS = ("gmm", "gmm_t", "tgmm", "masked", "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
 BACKENDS = ("triton", "xla")
-SOURCES = ("override", "exact", "padded", "nearest", "heuristic")
 MAX_DISTANCE = 2.0  # e.g. one size 4x off, or two sizes 2x off.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
                 "float8_e4m3fnuz": "fp8e4m3fnuz", "float8_e5m2": "fp8e5m2"}
@@ -288,7 +294,7 @@ class Selection(NamedTuple):
   """The choice for one call: backend "triton" (with config) or "xla" (config None)."""
   backend: str
   config: Config | None
-  source: str  # one of SOURCES
+  source: str  # "override", "exact", "padded", "nearest" or "heuristic"
   file: str | None  # the table file (or "JGMM_CONFIG") it came from
   entry: Entry | None  # the table entry, for exact, padded and nearest
 

@@ -235,6 +235,15 @@ def calls(args):
   return list(unique.items())
 
 
+def _comment(path):
+  """The "comment" of the table file at path (kept when the tuner rewrites it), or None."""
+  try:
+    with open(path) as f:
+      return json.load(f).get("comment")
+  except FileNotFoundError:
+    return None
+
+
 def _progress(total):
   try:
     from tqdm import tqdm
@@ -298,6 +307,7 @@ def tune(args, todo, worker):
   device = worker.device
   output = args.output or config_table.table_files(device["arch"] or device["platform"], device["kind"])[0]
   table = config_table.read_table(output)
+  comment = _comment(output)
   tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
   skipped = [key for key, _ in todo if key in tuned and not args.all]
   todo = [(key, m) for key, m in todo if key not in skipped]
@@ -323,7 +333,7 @@ def tune(args, todo, worker):
       best = "no candidate ran correctly; not written"
     else:
       table[key] = entry
-      config_table.write_table(output, table.values())
+      config_table.write_table(output, table.values(), comment)
       best = f"{entry.backend} {entry.us:.1f} us {entry.tflops:.2f} TFLOP/s {entry.config or ''}"
     if bar:
       bar.set_postfix_str(f"last: {best}")
