@@ -9,10 +9,11 @@ import sys
 import tempfile
 import textwrap
 import time
+from unittest import mock
 
 from absl.testing import absltest
 
-from jgmm import config_table, model_shapes, tune
+from jgmm import config_table, model_shapes, tune, tune_worker
 from jgmm.config import Config
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
@@ -152,6 +153,48 @@ class TunerChoiceTest(absltest.TestCase):
   def test_xla_wins_where_faster(self):
     entry, _ = self.run_tuner(xla_us=5)
     self.assertEqual((entry.backend, entry.config, entry.us), ("xla", None, 5.0))
+
+
+class CandidatesTest(absltest.TestCase):
+
+  def test_spaces_fit_the_shared_memory_and_keep_the_ws_kernel_to_gmm(self):
+    for op in ("gmm", "gmm_t", "tgmm", "masked"):
+      for rows in (8, 1024):
+        activation = "swiglu" if op == "gmm" else None  # swiglu tiles read twice the rhs columns
+        k = config_table.make_key(op, "bfloat16", "bfloat16", rows, 4096, 4096, 8, activation=activation)
+        for space in ("small", "full"):
+          configs = tune.candidate_space(k, space)
+          self.assertNotEmpty(configs)
+          self.assertEqual(any(c.warp_specialized for c in configs), op in ("gmm", "gmm_t") and rows == 1024
+                           and space == "small", (op, rows, space))
+          cands = tune.candidates(k, configs, "sm90", ["triton", "xla"])
+          self.assertEqual(cands[0]["config"], config_table.heuristic_config(k, "sm90").__dict__)
+          self.assertEqual(cands[-1], {"backend": "xla"})
+          fitting = [Config(**c["config"]) for c in cands[:-1]]
+          self.assertTrue(all(config_table.fits(k, c, "sm90") for c in fitting))
+          self.assertLen(fitting, len({*fitting}))
+          if op == "tgmm":  # tgmm loads through pointers either way: no TMA variants
+            self.assertFalse(any(c.tma for c in configs))
+    small = config_table.make_key("gmm", "bfloat16", "bfloat16", 8, 4096, 4096, 8)
+    self.assertLess(len(tune.candidates(small, tune.candidate_space(small, "small"), "sm86", ["triton"])),
+                    len(tune.candidates(small, tune.candidate_space(small, "small"), "sm90", ["triton"])))
+
+
+class WorkerTest(absltest.TestCase):
+
+  def test_triton_candidates_run_and_are_checked_under_the_interpreter(self):
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    key = config_table.make_key("gmm", "float32", "float32", 16, 32, 48, 4)
+    config = {"block_m": 16, "block_n": 32, "block_k": 16, "num_warps": 4, "num_stages": 2}
+    events = []
+    tune_worker.run_job({"phase": "final", "key": key._asdict(), "m": 64, "seconds": 0.001,
+                         "candidates": [{"backend": "triton", "config": config}, {"backend": "xla"}]}, events.append)
+    results = {e["i"]: e for e in events if e["event"] == "result"}
+    self.assertEqual(events[0], {"event": "start", "i": -1})
+    self.assertEqual(events[-1], {"event": "done"})
+    self.assertLess(results[0]["max_rel_err"], 1e-5)  # Triton's interpreter against the xla backend
+    self.assertEqual(results[1]["max_rel_err"], 0.0)
+    self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
 
 
 class ResumeTest(absltest.TestCase):
