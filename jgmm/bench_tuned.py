@@ -100,7 +100,7 @@ def bench_model(dims, ep, tokens):
   return rows
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--table", help="a table file (jgmm-tune --output): its entries, and used by the model level")
   p.add_argument("--model-config", help="a Hugging Face MoE config: also bench one layer at each --tokens")

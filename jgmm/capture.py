@@ -13,7 +13,7 @@ def _line(fields):
   return json.dumps(fields, sort_keys=True) + "\n"
 
 
-def append(path, fields):
+def append(path: str, fields: dict) -> None:
   """Appends the JSON object `fields` (a dict) to `path` as one line unless the file holds it already."""
   line = _line(fields).encode()
   fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -27,7 +27,7 @@ def append(path, fields):
     os.close(fd)  # Closing releases the lock.
 
 
-def read(path):
+def read(path: str) -> list[dict]:
   """The objects of a capture file, in order; ValueError naming the line where one does not parse."""
   objects = []
   with open(path) as f:

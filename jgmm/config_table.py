@@ -84,7 +84,7 @@ def _pow2_at_least(x):
   return 1 << max(0, math.ceil(x) - 1).bit_length()
 
 
-def dtype_name(dtype):
+def dtype_name(dtype) -> str:
   """The table's short name ("bf16", ...) of a numpy dtype name ("bfloat16", ...)."""
   return _DTYPE_NAMES[str(dtype)]
 
@@ -115,7 +115,8 @@ class Key(NamedTuple):
     return self._replace(rows=0, k=0, n=0, g=0)
 
 
-def make_key(op, in_dtype, out_dtype, rows_per_group, k, n, g, **flags):
+def make_key(op: str, in_dtype: str, out_dtype: str, rows_per_group: float, k: int, n: int, g: int,
+             **flags) -> Key:
   """The Key of one call: in_dtype/out_dtype numpy dtype names; rows_per_group any positive number (bucketed)."""
   return Key(op, dtype_name(in_dtype), dtype_name(out_dtype), _pow2_at_least(max(rows_per_group, 1)), int(k),
              int(n), int(g), **flags)
@@ -191,7 +192,7 @@ def _parse_entry(fields):
   return Entry(key, fields["backend"], config, **{name: fields[name] for name in _MEASURED})
 
 
-def parse_table(text, file):
+def parse_table(text: str, file: str) -> dict[Key, Entry]:
   """{Key: Entry} of a table's JSON text; TableError naming `file` and the entry where anything is invalid."""
   try:
     table = json.loads(text)
@@ -217,7 +218,7 @@ def parse_table(text, file):
   return entries
 
 
-def read_table(path):
+def read_table(path: str) -> dict[Key, Entry]:
   """{Key: Entry} of the table file at `path` ({} if there is none)."""
   try:
     with open(path) as f:
@@ -227,7 +228,7 @@ def read_table(path):
   return parse_table(text, path)
 
 
-def write_table(path, entries, comment=None):
+def write_table(path: str, entries, comment: str | None = None) -> None:
   """Writes entries (an iterable of Entry) to `path` atomically (a temporary file, then os.replace): sorted, one
   entry per line (diffs show changed entries)."""
   rows = [json.dumps(e.to_json()) for e in sorted(entries, key=lambda e: str(e.key))]
@@ -246,7 +247,7 @@ def table_files(arch, device_kind=None):
 
 
 @functools.cache
-def shipped_table(arch, device_kind=None):
+def shipped_table(arch: str | None, device_kind: str | None = None) -> dict[Key, Entry]:
   """{Key: Entry} of the first of table_files(arch, device_kind) that configs/ holds, or {} if none (or no arch)."""
   for name in table_files(arch, device_kind) if arch else ():
     try:
@@ -266,12 +267,12 @@ def _merged_table(arch, device_kind, files):
   return merged
 
 
-def active_table(arch, device_kind=None):
+def active_table(arch: str | None, device_kind: str | None = None) -> dict[Key, Entry]:
   """{Key: Entry} that select() reads now: the files of JGMM_CONFIG_FILES over the shipped table."""
   return _merged_table(arch, device_kind, os.environ.get(_ENV_FILES, ""))
 
 
-def distance(a, b):
+def distance(a: Key, b: Key) -> float:
   """Sum over rows, K, N and G of |log2(a's size / b's size)|."""
   return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in ("rows", "k", "n", "g"))
 
@@ -299,7 +300,8 @@ class Selection(NamedTuple):
   entry: Entry | None  # the table entry, for exact, padded and nearest
 
 
-def select(key, *, arch, device_kind=None, override=None):
+def select(key: Key, *, arch: str | None, device_kind: str | None = None,
+           override: Config | None = None) -> Selection:
   """The Selection for a call of `key` (see the module docstring) on a GPU of `arch` ("sm90", ...; None under the
   interpreter: user files and the heuristic only) and model `device_kind` (jax.Device.device_kind).
   override: the op's config= (a Config), which wins over everything."""
@@ -366,7 +368,7 @@ def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
   return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile
 
 
-def fits(key, config, arch):
+def fits(key: Key, config: Config, arch: str | None) -> bool:
   """Whether config's shared memory (shared_memory_bytes) fits a program's on arch for a call of key."""
   return shared_memory_bytes(key.op, config, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype],
                              key.activation == "swiglu") <= shared_memory_limit(arch)
@@ -416,7 +418,7 @@ def heuristic(op, dtype, rows_per_group, k, n):
   return config
 
 
-def heuristic_config(key, arch):
+def heuristic_config(key: Key, arch: str | None) -> Config:
   """heuristic() for key (what select() gives an untuned key); with swiglu, block_n counts output columns (each
   tile reads 2 * block_n rhs columns), so it is halved; then shrunk to fit the shared memory of arch."""
   in_dtype = {short: name for name, short in _DTYPE_NAMES.items()}[key.in_dtype]

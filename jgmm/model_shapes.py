@@ -34,7 +34,7 @@ _FIELDS = {"experts": ("num_local_experts", "n_routed_experts", "num_experts"),
            "intermediate": ("moe_intermediate_size", "intermediate_size")}
 
 
-def moe_dims(config, name="config"):
+def moe_dims(config: dict, name: str = "config") -> MoeDims:
   """MoeDims of a Hugging Face config (a dict); ValueError naming the fields missing from `name`."""
   if not any(f in config for f in _FIELDS["experts"]) and isinstance(config.get("text_config"), dict):
     config = config["text_config"]
@@ -48,7 +48,7 @@ def moe_dims(config, name="config"):
   return MoeDims(**dims)
 
 
-def layer_calls(dims, ep, tokens, dtype="bfloat16"):
+def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16") -> list[tuple[config_table.Key, int]]:
   """[(Key, M)] of every distinct call (module docstring) at each token count in `tokens`, M the call's total rows
   (masked: G * rows per group). dtype: the numpy name of the inputs' and outputs' dtype."""
   if ep < 1 or dims.experts % ep:

@@ -291,7 +291,7 @@ def parse_args(argv):
   return args
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   todo = calls(args)
   worker = Worker(args.verbose)
