@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jgmm import config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
-from jgmm.triton_kernels import gmm_swap, gmm_ws
+from jgmm.triton_kernels import gmm_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
 _DEFAULT_NUM_SMS = {90: 132, 80: 108}  # When lowering for JGMM_TARGET without such a GPU present.
@@ -48,52 +48,27 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
   return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
-def _row_tiles(bounds, m, row_tiles, rows_per_tile, last_tile_rows):
-  """The row-tile schedule of gmm_ws_kernel and gmm_swap_kernel, (1 + 4 * row_tiles,) int32: [row tiles in use R;
-  per row tile r < row_tiles (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
+def _row_tiles(bounds, m, row_tiles):
+  """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
+  (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
 
-  Tiles cover each group's rows in turn, and the rows before the first group and after the last (rows of no group: 0
-  rows of a group, zeros to store): rows_per_tile rows each but a region's last tile, which holds the rest, up to
-  last_tile_rows (>= rows_per_tile). row_tiles >= cdiv(m, rows_per_tile) + G + 1 holds them all, whatever the
-  (sanitised) bounds."""
+  Tiles of gmm_ws.BLOCK_M rows cover each group's rows in turn, and the rows before the first group and after
+  the last (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, BLOCK_M) + G + 1 holds
+  them all, whatever the (sanitised) bounds."""
+  block_m = gmm_ws.BLOCK_M
   num_groups = bounds.shape[0] - 1
   # Regions: rows before the groups, the groups, rows after them.
   starts = jnp.concatenate([jnp.zeros(1, jnp.int32), bounds])
   ends = jnp.concatenate([bounds, jnp.full((1,), m, jnp.int32)])
-  rows = ends - starts
-  extra = last_tile_rows - rows_per_tile
-  tiles = jnp.where(rows > 0, jnp.maximum(1, (rows - extra + rows_per_tile - 1) // rows_per_tile), 0)
+  tiles = (ends - starts + block_m - 1) // block_m
   tiles_end = jnp.cumsum(tiles)
   r = jnp.arange(row_tiles, dtype=jnp.int32)
   region = jnp.minimum(jnp.sum(tiles_end[None, :] <= r[:, None], axis=1, dtype=jnp.int32), num_groups + 1)
-  index = r - (tiles_end - tiles)[region]
-  row0 = starts[region] + index * rows_per_tile
-  last = index == tiles[region] - 1
-  store_rows = jnp.clip(jnp.where(last, ends[region] - row0, rows_per_tile), 0, last_tile_rows)
+  row0 = starts[region] + (r - (tiles_end - tiles)[region]) * block_m
+  store_rows = jnp.clip(ends[region] - row0, 0, block_m)
   in_group = (region >= 1) & (region <= num_groups)
   group = jnp.clip(region - 1, 0, num_groups - 1)
   return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows])
-
-
-def _gmm_swap(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
-  """gmm through gmm_swap_kernel (the caller checked that it applies)."""
-  m, k = lhs.shape
-  num_groups = rhs.shape[0]
-  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  chunks = geometry.cdiv(m, gmm_swap.CHUNK_ROWS) + num_groups + 1
-  box = gmm_swap.BOX.value
-  lhs_block = (box, config.block_k)
-  rhs_view, rhs_block = ((num_groups * n, k), (box, config.block_k)) if transpose_rhs else (
-      (num_groups * k, n), (config.block_k, box))
-  return ffi.triton_call(
-      ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
-      ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      _row_tiles(bounds, m, chunks, gmm_swap.CHUNK_ROWS, gmm_swap.LAST_CHUNK_ROWS),
-      kernel=gmm_swap.gmm_swap_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      grid=(min(device.num_sms, chunks * geometry.cdiv(n, gmm_swap.BLOCK_N.value)),),
-      num_warps=gmm_swap.NUM_WARPS, maxnreg=gmm_swap.MAXNREG, name="jgmm_gmm_swap",
-      K=k, N=n, C_MAX=chunks, BLOCK_K=config.block_k, S=config.num_stages, TRANSPOSE_RHS=transpose_rhs,
-      OUT_LAYOUT=gmm_ws.shared_layout((box, box), out_dtype.name))
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
@@ -109,7 +84,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M, gmm_ws.BLOCK_M), m,
+      _row_tiles(bounds, m, row_tiles), m,
       kernel=gmm_ws.gmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
@@ -179,8 +154,6 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       and out_dtype.name in ("bfloat16", "float16") and geometry.gmm_ws_ok(
           m, k, n, num_groups, transpose_rhs, config.block_m, config.block_n, config.block_k, config.num_stages,
           config_table.shared_memory_limit(device.arch))):
-    if config.swap_ab:
-      return _gmm_swap(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device)
     return _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)

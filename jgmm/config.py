@@ -31,13 +31,12 @@ class Config:
   programs_per_sm: int = 1
   tma: bool = True
   warp_specialized: bool = False
-  swap_ab: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
-    for name in ("persistent", "tma", "warp_specialized", "swap_ab"):
+    for name in ("persistent", "tma", "warp_specialized"):
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):

@@ -393,27 +393,21 @@ class GpuKernelTest(KernelTestBase):
 
   @parameterized.product(
       (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=128, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
-       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16),
-       dict(m=3000, k=128, n=200, groups=8)),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
       dtype=("bf16", "f16"),
       transpose_rhs=(False, True),
-      swap_ab=(False, True),
   )
-  def test_gmm_ws(self, m, k, n, groups, dtype, transpose_rhs, swap_ab):
-    """The warp-specialised kernels: random groups with empty ones, rows before and after them (zeros), tiles
-    that end inside a group, groups of several chunks (swap_ab), N not a multiple of the tile, one group; K = 72
-    runs only with rhs transposed."""
+  def test_gmm_ws(self, m, k, n, groups, dtype, transpose_rhs):
+    """The warp-specialised kernel: random groups with empty ones, rows before and after them (zeros), tiles
+    that end inside a group, N not a multiple of the tile, one group; K = 72 runs only with rhs transposed."""
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)
-    config = Config(block_m=128, block_n=256, block_k=32 if swap_ab else 64, num_warps=8,
-                    num_stages=4 if swap_ab else 3, warp_specialized=True, swap_ab=swap_ab)
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
     out = np.asarray(out, np.float32)
-    row_err = np.abs(out - want).max(axis=1) / (np.abs(want).max() + 1e-30)
-    self.assertLess(row_err.max(), 3e-2, f"worst row {row_err.argmax()}, seed {self.seed}")
     np.testing.assert_array_equal(out[:bounds[0]], 0.0)
     np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
 
@@ -476,10 +470,10 @@ class GpuKernelTest(KernelTestBase):
       g = np.searchsorted(bounds, r, side="right") - 1
       if g < groups:
         want[i] = lhs_rows[i] @ rhs64[g]
-    for tma, ws, swap in ((True, False, False), (False, False, False), (True, True, False), (True, True, True)):
-      config = Config(block_m=128, block_n=128, block_k=16, num_warps=8, tma=tma, warp_specialized=ws, swap_ab=swap)
+    for tma, ws in ((True, False), (False, False), (True, True)):
+      config = Config(block_m=128, block_n=128, block_k=16, num_warps=8, tma=tma, warp_specialized=ws)
       got = np.asarray(run_gmm(lhs, rhs, bounds, out_dtype=jnp.bfloat16, config=config)[rows], np.float32)
-      self.assertLess(rel_err(got, want), 1e-2, f"tma={tma} warp_specialized={ws} swap_ab={swap}")
+      self.assertLess(rel_err(got, want), 1e-2, f"tma={tma} warp_specialized={ws}")
       np.testing.assert_array_equal(got[-2:], 0.0)
 
 

@@ -11,10 +11,8 @@ from jgmm.ops import group_bounds
 
 WS = {
   "ws128x256x64s3": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
-  "swap_k32s4": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=4, warp_specialized=True,
-                       swap_ab=True),
-  "swap_k32s5": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5, warp_specialized=True,
-                       swap_ab=True),
+  "ws128x256x32s6": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=6, warp_specialized=True),
+  "ws128x128x64s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, warp_specialized=True),
 }
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else [c[0] for c in CASES if c[0] != "decode-small"]
 rows = []
