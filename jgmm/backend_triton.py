@@ -89,8 +89,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name),
-      GROUP_M=geometry.GROUP_M)
+      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
 
 
 def _persistent_programs(config, device):

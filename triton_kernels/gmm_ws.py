@@ -3,8 +3,8 @@
 out rows of group g = lhs rows of g @ rhs[g]: lhs (M, K), rhs (G, K, N) or (G, N, K) with TRANSPOSE_RHS, out (M, N),
 all 2-byte floats. No bias, activation or accumulation (jgmm's gmm_kernel covers those).
 
-Persistent: one program per SM walks tiles t = program id, + programs, ...; a tile is one row tile (128 rows of
-the schedule, below) x one column tile (BLOCK_N columns), in bands of GROUP_M row tiles, the row tile fastest. Per program, three partitions:
+Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is row tile t // column tiles
+(128 rows of the schedule, below) x column tile t % column tiles (BLOCK_N columns). Per program, three partitions:
 - a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) (the bottom 64 only if they hold a row
   of the group) and the rhs tile of the tile's group into one of S shared-memory stages (mbarriers: `ready` when the
   bytes landed, `empty` when both consumers are done);
@@ -35,28 +35,23 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, GROUP_M: gl.constexpr):
-  """(group, first row, rows of the group, rows to store, column tile) of tile t. L2-friendly order, as
-  common.tile_coords: bands of GROUP_M row tiles, the row tile fastest inside a band."""
-  per_band = GROUP_M * num_n
-  band = t // per_band
-  band_rows = gl.minimum(gl.load(schedule_ptr) - band * GROUP_M, GROUP_M)
-  within = t - band * per_band
-  r = band * GROUP_M + within % band_rows
+def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
+  """(group, first row, rows of the group, rows to store, column tile) of tile t."""
+  r = t // num_n
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), within // band_rows)
+          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), t % num_n)
 
 
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
             R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr, GROUP_M: gl.constexpr):
+            TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX, GROUP_M)
+    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX)
     if rows > 0:
       both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
       for kk in range(k_steps):
@@ -76,7 +71,7 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: g
 @gluon.jit
 def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
               N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, GROUP_M: gl.constexpr, H: gl.constexpr):
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -84,7 +79,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX, GROUP_M)
+    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
@@ -124,7 +119,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
 @gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr, GROUP_M: gl.constexpr):
+                  OUT_LAYOUT: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT)."""
@@ -138,11 +133,11 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
     mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
   gl.warp_specialize([
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, GROUP_M, 0)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, GROUP_M, 1)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
       (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
-                 TRANSPOSE_RHS, GROUP_M)),
+                 TRANSPOSE_RHS)),
   ], [4, 1], [232, 40])
 
 

@@ -1,19 +1,19 @@
 """A/B: the table's config against configs of the warp-specialised Gluon kernel (Config.warp_specialized),
 forward (gmm) and d lhs (gmm_t), through backend_triton with precomputed bounds, timed interleaved.
 Session 4 ran it with docs/experiments/autows_gmm.diff applied (Triton's automatic warp specialisation, which
-hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py); session 7 with its two tile orders.
-python docs/experiments/ws_ab.py [case,...]"""
+hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py). python docs/experiments/ws_ab.py [case,...]"""
 import functools, sys, time
-from unittest import mock
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
-from jgmm.triton_kernels import geometry
 from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync, speed_of_light_ms
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 
-WS_CONFIG = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
-WS = {"ws row-major": (WS_CONFIG, 1), "ws bands of 8": (WS_CONFIG, 8)}  # Tile orders: geometry.GROUP_M.
+WS = {
+  "ws128x256x64s3": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
+  "ws128x256x32s6": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=6, warp_specialized=True),
+  "ws128x128x64s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, warp_specialized=True),
+}
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else [c[0] for c in CASES if c[0] != "decode-small"]
 rows = []
 for name, m, k, n, g in [c for c in CASES if c[0] in names]:
@@ -25,14 +25,11 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
     kk, nn = (n, k) if tr else (k, n)
     table = config_table.lookup(op, "bfloat16", m / g, kk, nn, arch="sm90", out_dtype="bfloat16")
     fns, ref = {}, None
-    for cname, (cfg, group_m) in {"table": (table, geometry.GROUP_M), **WS}.items():
+    for cname, cfg in {"table": table, **WS}.items():
       f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=tr,
                                     out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=cfg))
       try:
-        t0 = time.time()
-        with mock.patch.object(geometry, "GROUP_M", group_m):  # Fixed when the call is traced.
-          out = f(lhs, inp.w, bounds)
-        out.block_until_ready()
+        t0 = time.time(); out = f(lhs, inp.w, bounds); out.block_until_ready()
       except Exception as e:
         print(f"{name} {op} {cname}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True); continue
       o = np.asarray(out, np.float32)
