@@ -49,8 +49,8 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
 
 
 def _row_tiles(bounds, m, row_tiles):
-  """gmm_ws_kernel's schedule (2 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
-  (meaningful for r < R) its group, first row, rows of its group in it, rows to store; the kernel's tile counter, 0].
+  """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
+  (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
 
   Tiles of gmm_ws.BLOCK_M rows cover each group's rows in turn, and the rows before the first group and after
   the last (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, BLOCK_M) + G + 1 holds
@@ -68,8 +68,7 @@ def _row_tiles(bounds, m, row_tiles):
   store_rows = jnp.clip(ends[region] - row0, 0, block_m)
   in_group = (region >= 1) & (region <= num_groups)
   group = jnp.clip(region - 1, 0, num_groups - 1)
-  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows,
-                          jnp.zeros(1, jnp.int32)])
+  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows])
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
@@ -82,20 +81,15 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   rhs_view, rhs_block = ((num_groups * n, k), (config.block_n, config.block_k)) if transpose_rhs else (
       (num_groups * k, n), (config.block_k, config.block_n))
   out_block = (gmm_ws.HALF.value, config.block_n)
-  schedule = _row_tiles(bounds, m, row_tiles)
-  out, _ = ffi.triton_call(
+  return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      schedule, m,
-      kernel=gmm_ws.gmm_ws_kernel,
-      out_shape=[jax.ShapeDtypeStruct((m, n), out_dtype), jax.ShapeDtypeStruct(schedule.shape, jnp.int32)],
-      input_output_aliases={2: 1},  # The kernel counts claimed tiles in the schedule's last entry.
+      _row_tiles(bounds, m, row_tiles), m,
+      kernel=gmm_ws.gmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
-      num_warps=gmm_ws.NUM_WARPS.value, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
+      num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name),
-      GROUP_M=geometry.GROUP_M)
-  return out
+      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
 
 
 def _persistent_programs(config, device):

@@ -3,27 +3,21 @@
 out rows of group g = lhs rows of g @ rhs[g]: lhs (M, K), rhs (G, K, N) or (G, N, K) with TRANSPOSE_RHS, out (M, N),
 all 2-byte floats. No bias, activation or accumulation (jgmm's gmm_kernel covers those).
 
-Persistent, one program per SM. Tiles are numbered in an L2-friendly order: a tile is one row tile (128 rows of the
-schedule, below) x one column tile (BLOCK_N columns), in bands of GROUP_M row tiles with the row tile fastest inside a
-band (as common.tile_coords). Program p takes tile p first, then claims the next unclaimed tile from a counter in
-global memory (atomic add) whenever it starts loading one: tiles cost different amounts (a tile with at most 64 rows
-of its group costs half), and claiming on demand balances them across SMs where a fixed round-robin would not. Per
-program, three partitions:
-- a loader warp: claims tiles and passes each tile number to the consumers through a shared-memory ring
-  (TILE_SLOTS slots, mbarriers `tile_ready`/`tile_free`); per reduction step, TMA copies of lhs rows
-  [row0, row0 + 128) (the bottom 64 only if they hold a row of the group) and the rhs tile of the tile's group into
-  one of S shared-memory stages (mbarriers: `ready` when the bytes landed, `empty` when both consumers are done);
+Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is row tile t // column tiles
+(128 rows of the schedule, below) x column tile t % column tiles (BLOCK_N columns). Per program, three partitions:
+- a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) (the bottom 64 only if they hold a row
+  of the group) and the rhs tile of the tile's group into one of S shared-memory stages (mbarriers: `ready` when the
+  bytes landed, `empty` when both consumers are done);
 - two consumer warpgroups: consumer H owns rows [64 H, 64 H + 64) of the tile (a 64 x BLOCK_N fp32 accumulator,
   async wgmma). A consumer whose half holds no row of the group skips its MMAs, so the work pads to 64 rows while
   the rhs tile is read once per 128. A half goes out through shared memory and a TMA store; for a partial half (a
   group's last rows) through a descriptor made on the device that ends at its last row, which clips the store, so
   no tile writes a row of another.
 
-schedule (2 + 4 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
-the group in it (0: a tile of rows outside every group, zeros to store), rows to store; then the tile counter, 0 at
-launch]; only r < R are used. The kernel adds to the counter (the caller passes the schedule as a buffer the call
-may write). The rhs descriptor views rhs as (G * K, N) (K a multiple of BLOCK_K, so a step never reads another
-group's rows) or, transposed, (G * N, K) (rows past the group's N only feed columns that are never stored).
+schedule (1 + 4 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
+the group in it (0: a tile of rows outside every group, zeros to store), rows to store]; only r < R are used.
+The rhs descriptor views rhs as (G * K, N) (K a multiple of BLOCK_K, so a step never reads another group's rows)
+or, transposed, (G * N, K) (rows past the group's N only feed columns that are never stored).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -36,58 +30,28 @@ _tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
 
 BLOCK_M = 128  # Rows per tile: two consumers of 64 (the m64 of wgmma).
 HALF = gl.constexpr(64)
-NUM_WARPS = gl.constexpr(4)  # The default partition (consumer 0); the launch runs 12 warps in all.
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
-TILE_SLOTS = gl.constexpr(2)  # Tile numbers in flight from the loader to the consumers.
 
 
 @gluon.jit
-def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, GROUP_M: gl.constexpr):
-  """(group, first row, rows of the group, rows to store, column tile) of tile t (the module docstring's order)."""
-  per_band = GROUP_M * num_n
-  band = t // per_band
-  band_rows = gl.minimum(gl.load(schedule_ptr) - band * GROUP_M, GROUP_M)
-  within = t - band * per_band
-  r = band * GROUP_M + within % band_rows
+def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
+  """(group, first row, rows of the group, rows to store, column tile) of tile t."""
+  r = t // num_n
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), within // band_rows)
+          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), t % num_n)
 
 
 @gluon.jit
-def _publish(tile_ids, tile_ready, tile_free, i, t):
-  """Loader: tile number t, the i-th of this program, into slot i % TILE_SLOTS once both consumers freed it."""
-  slot = i % TILE_SLOTS
-  mbarrier.wait(tile_free.index(slot), ((i // TILE_SLOTS) & 1) ^ 1)
-  tile_ids.index(slot).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-  mbarrier.arrive(tile_ready.index(slot))
-
-
-@gluon.jit
-def _receive(tile_ids, tile_ready, tile_free, i):
-  """Consumer: the i-th tile number of this program, then frees its slot."""
-  slot = i % TILE_SLOTS
-  mbarrier.wait(tile_ready.index(slot), (i // TILE_SLOTS) & 1)
-  t = gl.max(tile_ids.index(slot).load(gl.BlockedLayout([1], [32], [NUM_WARPS], [0])), axis=0)
-  gl.thread_barrier()  # Every warp of the warpgroup has read the slot before it is freed.
-  mbarrier.arrive(tile_free.index(slot))
-  return t
-
-
-@gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_free,
-            K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-            S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, GROUP_M: gl.constexpr):
+def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
+            R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+            TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
-  num_tiles = gl.load(schedule_ptr) * num_n
-  counter_ptr = schedule_ptr + 1 + 4 * R_MAX
-  t = gl.program_id(0)
-  i = 0
   step = 0
-  _publish(tile_ids, tile_ready, tile_free, i, t)
-  while t < num_tiles:
-    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX, GROUP_M)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX)
     if rows > 0:
       both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
       for kk in range(k_steps):
@@ -102,28 +66,20 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, tile
         else:
           _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot), b_bufs.index(slot))
         step += 1
-    # Claimed once this tile's loads are queued: the consumers still have S stages to work through meanwhile.
-    t = gl.num_programs(0) + gl.atomic_add(counter_ptr, 1)
-    i += 1
-    _publish(tile_ids, tile_ready, tile_free, i, t)  # t past the last tile: the consumers stop.
 
 
 @gluon.jit
-def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids, tile_ready, tile_free,
-              K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-              S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, GROUP_M: gl.constexpr,
-              H: gl.constexpr):
+def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
+              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
-  num_tiles = gl.load(schedule_ptr) * num_n
-  i = 0
   step = 0
-  t = _receive(tile_ids, tile_ready, tile_free, i)
-  while t < num_tiles:
-    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX, GROUP_M)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
@@ -157,15 +113,13 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, ti
       else:  # A group's last rows: a descriptor ending at them clips the store.
         clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
         _tma_store(clipped, [row, ni * BLOCK_N], c_buf)
-    i += 1
-    t = _receive(tile_ids, tile_ready, tile_free, i)
   tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr, GROUP_M: gl.constexpr):
+                  OUT_LAYOUT: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT)."""
@@ -174,22 +128,16 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
   c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
-  tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-  tile_ready = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
-  tile_free = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):
     mbarrier.init(ready.index(s), count=1)
     mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
-  for s in gl.static_range(TILE_SLOTS):
-    mbarrier.init(tile_ready.index(s), count=1)
-    mbarrier.init(tile_free.index(s), count=2)
   gl.warp_specialize([
-      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids, tile_ready, tile_free, K,
-                   N, R_MAX, BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, GROUP_M, 0)),
-      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids, tile_ready, tile_free, K,
-                   N, R_MAX, BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, GROUP_M, 1)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_free, K,
-                 N, R_MAX, BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, GROUP_M)),
+      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
+      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
+                 TRANSPOSE_RHS)),
   ], [4, 1], [232, 40])
 
 
