@@ -8,8 +8,7 @@ _POWERS_OF_TWO = tuple(2**i for i in range(4, 10))  # 16 .. 512
 class Config:
   """Tiling of one op.
 
-  block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2; block_m
-    192 for the warp-specialised kernel's three consumer warpgroups).
+  block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
   persistent: programs_per_sm programs per SM looping over tiles (True) or one program per tile (False).
   programs_per_sm: the persistent grid's programs per SM (1..4; gmm and tgmm). 2 pays where two programs'
@@ -21,7 +20,7 @@ class Config:
     loader warp and two consumer warpgroups, one program per SM) where it applies: 2-byte inputs and output, no
     bias, activation or existing_out, block_m 128, K a multiple of block_k unless rhs is transposed. num_stages
     is its ring of shared-memory stages; num_warps and programs_per_sm do not apply. Elsewhere gmm_kernel runs
-    with this config (with block_m 128 for 192).
+    with this config.
   """
   block_m: int = 128
   block_n: int = 128
@@ -41,10 +40,8 @@ class Config:
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):
-      if getattr(self, name) not in _POWERS_OF_TWO and not (name == "block_m" and self.block_m == 192
-                                                             and self.warp_specialized):
-        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}"
-                         f"{' (or 192 with warp_specialized)' if name == 'block_m' else ''}, got {getattr(self, name)!r}")
+      if getattr(self, name) not in _POWERS_OF_TWO:
+        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}, got {getattr(self, name)!r}")
     if self.num_warps not in (1, 2, 4, 8, 16):
       raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
     if not 1 <= self.num_stages <= 8:

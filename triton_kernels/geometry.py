@@ -50,12 +50,11 @@ def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize, block_m, block_n, block_k
 
 
 def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num_stages, shared_memory):
-  """Whether gmm_ws_kernel (2-byte inputs and output) runs this shape and tiling: 128- or 192-row tiles (2 or 3
-  consumers of 64 rows), boxes of at most 256, TMA row strides of 16 bytes, a whole number of reduction steps per
-  group unless rhs is transposed (a step must not read the next group's rows), descriptor coordinates in int32, and
-  its shared memory (S stages of a block_m-row lhs tile and an rhs tile, one output buffer of 64 rows x block_n / 2
-  per consumer) within shared_memory bytes."""
+  """Whether gmm_ws_kernel (2-byte inputs and output) runs this shape and tiling: 128-row tiles, boxes of at
+  most 256, TMA row strides of 16 bytes, a whole number of reduction steps per group unless rhs is transposed
+  (a step must not read the next group's rows), descriptor coordinates in int32, and its shared memory (S
+  stages of a 128-row lhs tile and an rhs tile, two 64-row output tiles) within shared_memory bytes."""
   stages = num_stages * (block_m * block_k + block_k * block_n) * 2
-  return (block_m in (128, 192) and _blocks_ok(block_n, block_k) and _strides_ok((k, n), 2)
+  return (block_m == 128 and _blocks_ok(block_n, block_k) and _strides_ok((k, n), 2)
           and (transpose_rhs or k % block_k == 0) and max(m, num_groups * max(k, n)) < _INT32_LIMIT
-          and stages + block_m * (block_n // 2) * 2 <= shared_memory)
+          and stages + 2 * 64 * block_n * 2 <= shared_memory)
