@@ -312,7 +312,7 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
   opaque = _jaxlib.serialized_call(module,
                                    kernel_name=compiled.name,
                                    call_name=call.name,
-                                   num_warps=call.num_warps,
+                                   num_warps=compiled.num_warps,
                                    shared_mem_bytes=compiled.shared_mem_bytes,
                                    binary=compiled.binary,
                                    compute_capability=target.arch if target.platform == "cuda" else 0,

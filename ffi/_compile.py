@@ -80,6 +80,7 @@ def device_target(platform: str, device) -> Target | None:
 class CompiledKernel:
   name: str  # the symbol in the binary
   binary: str  # PTX text (cuda) or a path to the hsaco file (rocm, jaxlib reads it from disk)
+  num_warps: int  # warps to launch: the requested ones plus any warp-specialised partitions Triton added
   asm: dict  # Triton's intermediate and final artifacts: ttir, ttgir, llir, ptx/cubin or amdgcn/hsaco
   shared_mem_bytes: int
   global_scratch_size: int
@@ -141,6 +142,7 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
       f.write(compiled.asm["hsaco"])
   result = CompiledKernel(name=metadata.name,
                           binary=binary,
+                          num_warps=metadata.num_warps,
                           asm=dict(compiled.asm),
                           shared_mem_bytes=metadata.shared,
                           global_scratch_size=getattr(metadata, "global_scratch_size", None) or 0,

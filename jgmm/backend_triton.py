@@ -46,6 +46,29 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
   return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
+def _row_tiles(bounds, m, block_m, row_tiles, zero_outside):
+  """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
+  (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
+
+  Row tiles cover each group's rows, and with zero_outside the rows before the first group and after the
+  last (rows of no group: nothing to reduce, zeros to store)."""
+  num_groups = bounds.shape[0] - 1
+  head_end = bounds[:1] if zero_outside else jnp.zeros(1, jnp.int32)
+  tail_end = jnp.full((1,), m, jnp.int32) if zero_outside else bounds[-1:]
+  # Regions: rows before the groups, the groups, rows after them.
+  starts = jnp.concatenate([jnp.zeros(1, jnp.int32), bounds])
+  ends = jnp.concatenate([head_end, bounds[1:], tail_end])
+  tiles = (ends - starts + block_m - 1) // block_m
+  tiles_end = jnp.cumsum(tiles)
+  r = jnp.arange(row_tiles, dtype=jnp.int32)
+  region = jnp.minimum(jnp.sum(tiles_end[None, :] <= r[:, None], axis=1, dtype=jnp.int32), num_groups + 1)
+  row0 = starts[region] + (r - (tiles_end - tiles)[region]) * block_m
+  store_rows = jnp.clip(ends[region] - row0, 0, block_m)
+  in_group = (region >= 1) & (region <= num_groups)
+  group = jnp.clip(region - 1, 0, num_groups - 1)
+  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows])
+
+
 def _persistent_programs(config, device):
   """The persistent grid's size for `config` (None when not persistent)."""
   return config.programs_per_sm * device.num_sms if config.persistent else None
@@ -102,8 +125,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   if config is None:
     config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
                                  arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu)
-  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
-      m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(m, k, n_out, lhs.dtype.itemsize,
+                                                              out_dtype.itemsize)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
@@ -113,18 +136,28 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     rhs_view, rhs_block = (num_groups, k, n // n_out, n_out), (1, config.block_k, 1, config.block_n)
   lhs_desc, rhs_desc = _descriptors(use_tma, lhs, (config.block_m, config.block_k), rhs, rhs_view, rhs_block)
   # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
+  bias_arg = bounds if bias is None else bias
+  existing_arg = existing_out if accumulate else bounds
+  flags = dict(K=k, N=n, N_OUT=n_out, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+               GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs, HAS_BIAS=bias is not None,
+               ACCUMULATE=accumulate, ACTIVATION=activation or "none", SAVE_PRE=save_preactivation,
+               DOT_PRECISION=_dot_precision())
+  if use_tma and config.warp_specialize:
+    row_tiles = geometry.gmm_row_tile_bound(m, num_groups, config.block_m)
+    schedule = _row_tiles(bounds, m, config.block_m, row_tiles, zero_outside=save_preactivation or not accumulate)
+    kernel, args, existing_index = gmm_kernels.gmm_ws_kernel, (lhs_desc, rhs_desc, schedule, bias_arg,
+                                                               existing_arg), 4
+    flags.update(ROW_TILES=row_tiles)
+  else:
+    kernel, args, existing_index = gmm_kernels.gmm_kernel, (lhs, rhs, lhs_desc, rhs_desc, bounds, bias_arg,
+                                                            existing_arg, m), 6
+    flags.update(G=num_groups, G_POW2=geometry.next_pow2(num_groups), USE_TMA=use_tma)
   out, h = ffi.triton_call(
-      lhs, rhs, lhs_desc, rhs_desc, bounds, bounds if bias is None else bias,
-      existing_out if accumulate else bounds, m,
-      kernel=gmm_kernels.gmm_kernel, out_shape=out_shapes,
+      *args, kernel=kernel, out_shape=out_shapes,
       grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n,
                              _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
-      input_output_aliases={6: 0} if accumulate else None, name="jgmm_gmm",
-      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
-      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
-      HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      input_output_aliases={existing_index: 0} if accumulate else None, name="jgmm_gmm", **flags)
   return (out, h) if save_preactivation else out
 
 
@@ -178,9 +211,8 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   if config is None:
     config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
                                  out_dtype=out_dtype.name)
-  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
-      num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
-      config.block_k)
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(num_groups * max_m, k, n, x.dtype.itemsize,
+                                                              out_dtype.itemsize)
   x_desc, w_desc = _descriptors(use_tma, x.reshape(num_groups * max_m, k), (config.block_m, config.block_k), w,
                                 (num_groups, 1, n, k), (1, 1, config.block_n, config.block_k))
   return ffi.triton_call(

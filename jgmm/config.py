@@ -16,6 +16,9 @@ class Config:
   tma: gmm and masked_gmm on Hopper: load tiles through tensor descriptors (TMA) where the shapes allow
     (True), or always use plain pointer loads (False). tgmm always loads through pointers (measured faster
     than its earlier TMA path).
+  warp_specialize: gmm on Hopper with TMA loads: a producer warpgroup issues the loads and num_warps // 4
+    consumer warpgroups (two for 4 warps, each half of the tile) do the MMAs, as Triton's warp specialisation
+    lays it out; the program then runs 4 more warps than num_warps. Ignored where TMA is not used.
   """
   block_m: int = 128
   block_n: int = 128
@@ -25,12 +28,13 @@ class Config:
   persistent: bool = True
   programs_per_sm: int = 1
   tma: bool = True
+  warp_specialize: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
-    for name in ("persistent", "tma"):
+    for name in ("persistent", "tma", "warp_specialize"):
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):

@@ -3,7 +3,6 @@
 Pure Python on static shapes; callers pass the device's multiprocessor count and element sizes in bytes.
 """
 GROUP_M = 8  # Row tiles per band of the L2-friendly tile order (common.tile_coords).
-_TMA_MAX_BLOCK = 256  # Largest box dimension of a tensor descriptor.
 _INT32_LIMIT = 2**31
 
 
@@ -17,10 +16,15 @@ def next_pow2(x):
 
 def gmm_grid(m, n_out, num_groups, block_m, block_n, persistent_programs):
   """Programs of gmm_kernel: one per tile, or at most persistent_programs (a persistent grid; None: not
-  persistent). Any bounds give at most cdiv(M, block_m) + G + 1 row tiles (one partial tile per group,
-  plus the zero tiles of the rows before the first and after the last group)."""
-  max_tiles = (cdiv(m, block_m) + num_groups + 1) * cdiv(n_out, block_n)
+  persistent)."""
+  max_tiles = gmm_row_tile_bound(m, num_groups, block_m) * cdiv(n_out, block_n)
   return (min(persistent_programs or max_tiles, max_tiles),)
+
+
+def gmm_row_tile_bound(m, num_groups, block_m):
+  """Most row tiles any bounds give: one partial tile at most per group and per run of rows outside the
+  groups (before and after them)."""
+  return cdiv(m, block_m) + num_groups + 2
 
 
 def tgmm_grid(k, n, num_groups, block_m, block_n, persistent_programs):
@@ -37,13 +41,9 @@ def _strides_ok(row_lengths, itemsize):
   return all(length * itemsize % 16 == 0 for length in row_lengths)
 
 
-def _blocks_ok(*blocks):
-  return all(b <= _TMA_MAX_BLOCK for b in blocks)
-
-
-def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize, block_m, block_n, block_k):
+def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize):
   """Whether gmm_kernel/masked_gmm_kernel may use TMA: every row stride of lhs, rhs (both layouts, both
-  swiglu halves), out and h a multiple of 16 bytes, boxes of at most 256, rows addressable in int32.
-  (Boxes start at multiples of the block along the innermost axis, so their starts are aligned too.)"""
-  return (_strides_ok((k, n_out), in_itemsize) and _strides_ok((n_out,), out_itemsize)
-          and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)
+  swiglu halves), out and h a multiple of 16 bytes, rows addressable in int32. (Boxes start at multiples
+  of the block along the innermost axis, so their starts are aligned too; Triton splits a block dimension
+  over 256, a TMA box's limit, into several copies.)"""
+  return (_strides_ok((k, n_out), in_itemsize) and _strides_ok((n_out,), out_itemsize) and m < _INT32_LIMIT)

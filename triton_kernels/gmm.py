@@ -28,7 +28,7 @@ def _load_rhs(rhs_desc, g, half, n0, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.cons
 
 @triton.jit
 def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
-             g, row_start, m_g, store_rows, mi, ni,
+             g, row_start, m_g, store_rows, mi, ni, k_end,
              K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
@@ -37,7 +37,8 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
   """Computes and stores output tile (mi, ni) of group g.
 
   The group's rows are [row_start, row_start + m_g) of lhs/out; the tile may write rows below
-  row_start + store_rows (store_rows >= m_g), and rows in [m_g, store_rows) get zeros.
+  row_start + store_rows (store_rows >= m_g), and rows in [m_g, store_rows) get zeros (h too).
+  The reduction runs over [0, k_end): K, or 0 for a tile with no rows of a group (m_g <= mi * BLOCK_M).
   Pointer path: a 64-bit base pointer per operand tile plus int32 offsets within it (int64 only where a
   tile's offsets could pass 2^31), which keeps the pipelined loop's registers low.
   """
@@ -70,7 +71,7 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   if SWIGLU:
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  for k0 in range(0, K, BLOCK_K):
+  for k0 in range(0, k_end, BLOCK_K):
     if K % BLOCK_K == 0:
       k_mask = ks < BLOCK_K
     else:
@@ -100,10 +101,11 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
 
   store_mask = mi * BLOCK_M + tile_rows < store_rows
   if SAVE_PRE:
-    store_tile(h_ptr + tile_row0 * N + n0, tile_rows, store_mask, tile_cols, col_mask, N, acc, OFFSET)
+    store_tile(h_ptr + tile_row0 * N + n0, tile_rows, store_mask, tile_cols, col_mask, N,
+               tl.where(row_mask[:, None], acc, 0.0), OFFSET)
     if SWIGLU:
-      store_tile(h_ptr + tile_row0 * N + N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N, acc_up,
-                 OFFSET)
+      store_tile(h_ptr + tile_row0 * N + N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N,
+                 tl.where(row_mask[:, None], acc_up, 0.0), OFFSET)
   if SWIGLU:
     y = acc * tl.sigmoid(acc) * acc_up
   else:
@@ -166,7 +168,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
     first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
     mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
-             g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
+             g, row_start, m_g, m_g, mi, ni, K, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, DOT_PRECISION)
 
   if SAVE_PRE or not ACCUMULATE:
@@ -193,6 +195,35 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
 
 
 @triton.jit
+def gmm_ws_kernel(lhs_desc, rhs_desc, row_tiles_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr,
+                  K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, ROW_TILES: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+                  ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+  """gmm_kernel's product, warp-specialised (Hopper, TMA loads): out, h and the flags as there.
+
+  Triton splits the persistent tile loop into a producer warpgroup issuing the TMA loads and consumer
+  warpgroups doing the MMAs and epilogues (each a slice of the tile), decoupled through shared-memory
+  buffers. Its partitioner takes scalar loads in that loop but no tensor reductions and nothing after it,
+  so the schedule comes precomputed, zero tiles included: row_tiles (1 + 4 * ROW_TILES,) int32 = [row tiles
+  in use R; per row tile r (ROW_TILES entries, the first R meaningful): its group, first row, rows of its
+  group in the tile (0 for rows outside every group: no reduction, zeros, or existing with ACCUMULATE),
+  rows to store]. Tiles are the R x N_TILES (row tile, column tile) pairs in the L2-friendly band order.
+  """
+  N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
+  row_tiles = tl.load(row_tiles_ptr)
+  for tile in tl.range(tl.program_id(0), row_tiles * N_TILES, tl.num_programs(0), warp_specialize=True):
+    r, ni = tile_coords(tile, row_tiles, N_TILES, GROUP_M)
+    g = tl.load(row_tiles_ptr + 1 + r)
+    row0 = tl.load(row_tiles_ptr + 1 + ROW_TILES + r)
+    rows = tl.load(row_tiles_ptr + 1 + 2 * ROW_TILES + r)
+    store_rows = tl.load(row_tiles_ptr + 1 + 3 * ROW_TILES + r)
+    gmm_tile(lhs_desc, rhs_desc, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
+             g, row0, rows, store_rows, 0, ni, tl.where(rows > 0, K, 0), K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
+             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, True, DOT_PRECISION)
+
+
+@triton.jit
 def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr,
                       K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -213,5 +244,5 @@ def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr
     _zero_tile(out_ptr, row_start + mi * BLOCK_M, row_start + MAX_M, ni * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
   else:
     gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc,
-             g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
+             g, row_start, m_g, MAX_M, mi, ni, K, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
              True, False, False, "none", False, USE_TMA, DOT_PRECISION)
