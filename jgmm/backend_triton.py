@@ -47,14 +47,13 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
   return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
-def _row_tiles(bounds, m, row_tiles):
+def _row_tiles(bounds, m, row_tiles, block_m):
   """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
   (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
 
-  Tiles of gmm_ws.BLOCK_M rows cover each group's rows in turn, and the rows before the first group and after
-  the last (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, BLOCK_M) + G + 1 holds
-  them all, whatever the (sanitised) bounds."""
-  block_m = gmm_ws.BLOCK_M
+  Tiles of block_m rows cover each group's rows in turn, and the rows before the first group and after the
+  last (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, block_m) + G + 1 holds them
+  all, whatever the (sanitised) bounds."""
   num_groups = bounds.shape[0] - 1
   # Regions: rows before the groups, the groups, rows after them.
   starts = jnp.concatenate([jnp.zeros(1, jnp.int32), bounds])
@@ -75,7 +74,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   m, k = lhs.shape
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
+  row_tiles = geometry.cdiv(m, config.block_m) + num_groups + 1
   lhs_block = (gmm_ws.HALF.value, config.block_k)
   rhs_view, rhs_block = ((num_groups * n, k), (config.block_n, config.block_k)) if transpose_rhs else (
       (num_groups * k, n), (config.block_k, config.block_n))
@@ -83,12 +82,13 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      _row_tiles(bounds, m, row_tiles), m,
+      _row_tiles(bounds, m, row_tiles, config.block_m), m,
       kernel=gmm_ws.gmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
+      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name),
+      TILE_HALVES=config.block_m // gmm_ws.HALF.value, PINGPONG=gmm_ws.pingpong(config.block_m, config.block_n))
 
 
 def _persistent_programs(config, device):

@@ -324,13 +324,16 @@ class CrossLoweringTest(parameterized.TestCase):
       shape=((32768, 2048, 1536, 128), (100, 64, 40, 3), (1000, 72, 5760, 4)),
       transpose_rhs=(False, True),
       dt=(jnp.bfloat16, jnp.float16),
+      tiling=((128, 256, 3), (128, 128, 5), (64, 256, 4)),  # (block_m, block_n, stages): cooperative, ping-pong
   )
-  def test_gmm_ws_compiles_for_sm90(self, shape, transpose_rhs, dt):
+  def test_gmm_ws_compiles_for_sm90(self, shape, transpose_rhs, dt, tiling):
     """The warp-specialised Gluon kernel where it applies (K a multiple of block_k unless rhs is transposed),
     gmm_kernel elsewhere and with a jaxlib that cannot build host TMA descriptors."""
     m, k, n, groups = shape
     s = jax.ShapeDtypeStruct
-    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    block_m, block_n, stages = tiling
+    config = Config(block_m=block_m, block_n=block_n, block_k=64, num_warps=8, num_stages=stages,
+                    warp_specialized=True)
     _, signatures = self.lower(
         lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=transpose_rhs, out_dtype=dt,
                                            activation=None, save_preactivation=False, config=config),
@@ -339,7 +342,7 @@ class CrossLoweringTest(parameterized.TestCase):
     (signature,) = signatures
     self.assertEqual("OUT_LAYOUT" in signature, applies, signature)
     if applies:
-      rhs_box = "256, 64" if transpose_rhs else "64, 256"
+      rhs_box = f"{block_n}, 64" if transpose_rhs else f"64, {block_n}"
       self.assertTrue(signature["rhs_desc"].startswith(f"tensordesc<{'bf16' if dt == jnp.bfloat16 else 'fp16'}"
                                                        f"[{rhs_box}],NVMMASharedLayout("), signature)
       compiled = next(c for key, c in _compile._cache.items() if dict(key[1]) == signature)
@@ -396,14 +399,17 @@ class GpuKernelTest(KernelTestBase):
        dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
       dtype=("bf16", "f16"),
       transpose_rhs=(False, True),
+      tiling=((128, 256, 3), (128, 128, 5), (64, 256, 4)),  # (block_m, block_n, stages): cooperative, ping-pong
   )
-  def test_gmm_ws(self, m, k, n, groups, dtype, transpose_rhs):
+  def test_gmm_ws(self, m, k, n, groups, dtype, transpose_rhs, tiling):
     """The warp-specialised kernel: random groups with empty ones, rows before and after them (zeros), tiles
     that end inside a group, N not a multiple of the tile, one group; K = 72 runs only with rhs transposed."""
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)
-    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    block_m, block_n, stages = tiling
+    config = Config(block_m=block_m, block_n=block_n, block_k=64, num_warps=8, num_stages=stages,
+                    warp_specialized=True)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])

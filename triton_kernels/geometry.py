@@ -55,6 +55,8 @@ def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num
   (a step must not read the next group's rows), descriptor coordinates in int32, and its shared memory (S
   stages of a 128-row lhs tile and an rhs tile, two 64-row output tiles) within shared_memory bytes."""
   stages = num_stages * (block_m * block_k + block_k * block_n) * 2
-  return (block_m == 128 and _blocks_ok(block_n, block_k) and _strides_ok((k, n), 2)
-          and (transpose_rhs or k % block_k == 0) and max(m, num_groups * max(k, n)) < _INT32_LIMIT
-          and stages + 2 * 64 * block_n * 2 <= shared_memory)
+  shared_tiles = (block_m, block_n) == (128, 256)  # Else ping-pong: an output tile per consumer.
+  outputs = (1 if shared_tiles else 2) * block_m * block_n * 2
+  return (block_m in (64, 128) and (shared_tiles or block_m * block_n <= 128 * 128) and _blocks_ok(block_n, block_k)
+          and _strides_ok((k, n), 2) and (transpose_rhs or k % block_k == 0)
+          and max(m, num_groups * max(k, n)) < _INT32_LIMIT and stages + outputs <= shared_memory)

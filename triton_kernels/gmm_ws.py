@@ -27,7 +27,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
 _tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
 
-BLOCK_M = 128  # Rows per tile: two consumers of 64 (the m64 of wgmma).
 HALF = gl.constexpr(64)
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
@@ -44,20 +43,25 @@ def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
             R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr):
+            TRANSPOSE_RHS: gl.constexpr, TILE_HALVES: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  nbytes: gl.constexpr = 2 * lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX)
     if rows > 0:
+      both = rows > HALF  # Else the bottom half holds no row of the group: not loaded, not used.
       for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), nbytes)
-        _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot))
-        _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot + 1))
+        if TILE_HALVES == 2:
+          mbarrier.expect(ready.index(slot), half_bytes + lhs_desc.block_type.nbytes, pred=both)
+          mbarrier.expect(ready.index(slot), half_bytes, pred=rows <= HALF)
+          _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
+        else:
+          mbarrier.expect(ready.index(slot), half_bytes)
+        _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready.index(slot), a_bufs.index(TILE_HALVES * slot))
         if TRANSPOSE_RHS:
           _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot), b_bufs.index(slot))
         else:
@@ -114,28 +118,149 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
 
 
 @gluon.jit
+def _store_half(out_desc, out_ptr, c_buf, acc, row, half_store, col, N: gl.constexpr, BLOCK_N: gl.constexpr,
+                OUT_LAYOUT: gl.constexpr):
+  """out rows [row, row + half_store) x columns [col, col + BLOCK_N) = acc (a 64-row half) through c_buf and a TMA
+  store; a partial half through a descriptor ending at its last row, which clips the store."""
+  c_buf.store(acc.to(out_ptr.dtype.element_ty))
+  fence_async_shared()
+  if half_store == HALF:
+    _tma_store(out_desc, [row, col], c_buf)
+  else:
+    clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+    _tma_store(clipped, [row, col], c_buf)
+
+
+@gluon.jit
+def _pp_tile(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, out_ptr, step, row0, store_rows, col,
+             N: gl.constexpr, k_steps: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+             TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, C: gl.constexpr, TILE_HALVES: gl.constexpr,
+             HALVES: gl.constexpr):
+  """One ping-pong tile of consumer C whose group rows fill HALVES (1: the top 64 only; 2: both) of its 64-row halves:
+  k_steps reduction steps from ring step `step`, the other consumer's turn once every stage has landed, then the
+  epilogue (store_rows rows). Everything stays inside this function: accumulators flowing out of branches make
+  ptxas serialise the wgmmas (too few registers for its pipeline)."""
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+  acc0 = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+  acc1 = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    b = b_bufs.index(slot)
+    if TRANSPOSE_RHS:
+      b = b.permute((1, 0))
+    acc0 = warpgroup_mma(a_bufs.index(TILE_HALVES * slot), b, acc0, is_async=True)
+    if HALVES == 2:
+      acc1 = warpgroup_mma(a_bufs.index(2 * slot + 1), b, acc1, is_async=True)
+      acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
+    else:
+      acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0,))
+    mbarrier.arrive(empty.index((step + kk + S - 1) % S), pred=kk > 0)  # The previous step's stage.
+  mbarrier.arrive(turn.index(1 - C))  # Every stage of this tile has landed: the other consumer's turn.
+  if HALVES == 2:
+    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+  else:
+    acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
+  mbarrier.arrive(empty.index((step + k_steps - 1) % S))
+  tma.store_wait(pendings=0)  # This consumer's previous stores have read its output buffers.
+  _store_half(out_desc, out_ptr, c_bufs.index(TILE_HALVES * C), acc0, row0, gl.minimum(store_rows, HALF), col, N,
+              BLOCK_N, OUT_LAYOUT)
+  if HALVES == 2:
+    _store_half(out_desc, out_ptr, c_bufs.index(2 * C + 1), acc1, row0 + HALF, store_rows - HALF, col, N, BLOCK_N,
+                OUT_LAYOUT)
+
+
+@gluon.jit
+def _pp_zero_tile(c_bufs, turn, out_desc, out_ptr, row0, store_rows, col, N: gl.constexpr, BLOCK_N: gl.constexpr,
+                  OUT_LAYOUT: gl.constexpr, C: gl.constexpr, TILE_HALVES: gl.constexpr):
+  """A ping-pong tile of rows outside every group: zeros in its store_rows rows."""
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+  mbarrier.arrive(turn.index(1 - C))
+  zeros = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+  tma.store_wait(pendings=0)
+  _store_half(out_desc, out_ptr, c_bufs.index(TILE_HALVES * C), zeros, row0, gl.minimum(store_rows, HALF), col, N,
+              BLOCK_N, OUT_LAYOUT)
+  if store_rows > HALF:  # Only with TILE_HALVES == 2.
+    _store_half(out_desc, out_ptr, c_bufs.index(2 * C + 1), zeros, row0 + HALF, store_rows - HALF, col, N,
+                BLOCK_N, OUT_LAYOUT)
+
+
+@gluon.jit
+def _pp_consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, turn, K: gl.constexpr,
+                 N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+                 TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, C: gl.constexpr, TILE_HALVES: gl.constexpr):
+  """Ping-pong consumer C: the program's tiles j with j % 2 == C, whole (all TILE_HALVES 64-row halves). The two consumers
+  take turns at the MMAs (`turn`: C waits for the other to have passed its last stage), so one's epilogue runs
+  while the other computes."""
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  step = 0
+  j = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX)
+    if j % 2 == C:
+      # Consumer 0's first wait passes at once (parity of the phase before the first).
+      mbarrier.wait(turn.index(C), ((j // 2) & 1) ^ (1 - C))
+      if TILE_HALVES == 2 and rows > HALF:
+        _pp_tile(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, out_ptr, step, row0, store_rows,
+                 ni * BLOCK_N, N, k_steps, BLOCK_N, S, TRANSPOSE_RHS, OUT_LAYOUT, C, TILE_HALVES, 2)
+      elif rows > 0:
+        _pp_tile(a_bufs, b_bufs, c_bufs, ready, empty, turn, out_desc, out_ptr, step, row0, store_rows,
+                 ni * BLOCK_N, N, k_steps, BLOCK_N, S, TRANSPOSE_RHS, OUT_LAYOUT, C, TILE_HALVES, 1)
+      else:
+        _pp_zero_tile(c_bufs, turn, out_desc, out_ptr, row0, store_rows, ni * BLOCK_N, N, BLOCK_N, OUT_LAYOUT, C,
+                      TILE_HALVES)
+    if rows > 0:
+      step += k_steps
+    j += 1
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr):
+                  OUT_LAYOUT: gl.constexpr, TILE_HALVES: gl.constexpr, PINGPONG: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT)."""
-  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
+  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [TILE_HALVES * S] + lhs_desc.block_type.shape, lhs_desc.layout)
   b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
-  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
+  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2 * TILE_HALVES if PINGPONG else 2, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+  turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):
     mbarrier.init(ready.index(s), count=1)
-    mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
-  gl.warp_specialize([
-      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
-      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
-                 TRANSPOSE_RHS)),
-  ], [4, 1], [232, 40])
+    mbarrier.init(empty.index(s), count=1 if PINGPONG else 2)  # Both consumers release a stage unless ping-pong.
+  for c in gl.static_range(2):
+    mbarrier.init(turn.index(c), count=1)
+  if PINGPONG:
+    gl.warp_specialize([
+        (_pp_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, turn, K, N, R_MAX, BLOCK_N,
+                        BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, TILE_HALVES)),
+        (_pp_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, turn, K, N, R_MAX, BLOCK_N,
+                        BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, TILE_HALVES)),
+        (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
+                   TRANSPOSE_RHS, TILE_HALVES)),
+    ], [4, 1], [232, 40])
+  else:
+    gl.warp_specialize([
+        (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                     BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
+        (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                     BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
+        (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
+                   TRANSPOSE_RHS, TILE_HALVES)),
+    ], [4, 1], [232, 40])
+
+
+def pingpong(block_m, block_n):
+  """Whether gmm_ws_kernel runs ping-pong for this tile: each consumer then holds a whole block_m x block_n tile
+  (fp32 accumulators of at most 128 registers a thread); else (128 x 256) the two consumers share each tile."""
+  return block_m * block_n <= 128 * 128
 
 
 def shared_layout(block_shape, dtype_name):

@@ -1,8 +1,9 @@
 """Where qwen3-30b-a3b-gateup's forward time goes (session 5): the same gmm with the real (multinomial) group
 sizes and with all groups of 256 rows (no 64-row padding, every tile whole), for the table's kernel and the
-warp-specialised one, next to cuBLAS (jnp.dot) on the dense product of the same shape; interleaved.
+warp-specialised ones (session 6: cooperative and ping-pong), next to cuBLAS (jnp.dot) on the dense product of the same shape; interleaved.
 python docs/experiments/qwen3_diag.py"""
 import functools
+from unittest import mock
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
 from jgmm.bench import Inputs, time_interleaved, _jax_sync, speed_of_light_ms
@@ -12,7 +13,11 @@ from jgmm.ops import group_bounds
 m, k, n, g = 32768, 2048, 1536, 128
 inp = Inputs(m, k, n, g)
 configs = {"table": config_table.lookup("gmm", "bfloat16", m / g, k, n, arch="sm90", out_dtype="bfloat16"),
-           "ws": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)}
+           "ws coop": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
+           "ws ping-pong 128x128": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
+                                          warp_specialized=True),
+           "ws ping-pong 64x256": Config(block_m=64, block_n=256, block_k=64, num_warps=8, num_stages=4,
+                                         warp_specialized=True)}
 fns = {}
 for sizes_name, sizes in (("real sizes", inp.sizes), ("all 256", np.full(g, m // g, np.int32))):
   bounds = group_bounds(jnp.asarray(sizes), None, g, m)
@@ -20,6 +25,14 @@ for sizes_name, sizes in (("real sizes", inp.sizes), ("all 256", np.full(g, m //
     f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=False,
                                   out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=config))
     fns[f"{name}, {sizes_name}"] = (functools.partial(f, inp.x, inp.w, bounds), _jax_sync)
+# The ping-pong kernel with its row-tile schedule computed beforehand (a constant), not by XLA in each call.
+bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
+schedule = backend_triton._row_tiles(bounds, m, m // 64 + g + 1, 64)
+with mock.patch.object(backend_triton, "_row_tiles", lambda *_: schedule):
+  f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=False,
+                                out_dtype=jnp.bfloat16, activation=None, save_preactivation=False,
+                                config=configs["ws ping-pong 64x256"])).lower(inp.x, inp.w, bounds).compile()
+fns["ws ping-pong 64x256, real sizes, schedule precomputed"] = (functools.partial(f, inp.x, inp.w, bounds), _jax_sync)
 fns["cuBLAS dense (M, K) x (K, N)"] = (functools.partial(jax.jit(jnp.dot), inp.x, inp.w[0]), _jax_sync)
 sol = speed_of_light_ms(m, k, n, g)
 for name, t in time_interleaved(fns, min_batch_s=0.05, batches=7).items():

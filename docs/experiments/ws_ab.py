@@ -1,7 +1,8 @@
 """A/B: the table's config against configs of the warp-specialised Gluon kernel (Config.warp_specialized),
 forward (gmm) and d lhs (gmm_t), through backend_triton with precomputed bounds, timed interleaved.
 Session 4 ran it with docs/experiments/autows_gmm.diff applied (Triton's automatic warp specialisation, which
-hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py). python docs/experiments/ws_ab.py [case,...]"""
+hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py); session 6 with its cooperative (block_n 256) and
+ping-pong (block_n 128) forms. python docs/experiments/ws_ab.py [case,...]"""
 import functools, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
@@ -10,9 +11,10 @@ from jgmm.config import Config
 from jgmm.ops import group_bounds
 
 WS = {
-  "ws128x256x64s3": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
-  "ws128x256x32s6": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=6, warp_specialized=True),
-  "ws128x128x64s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, warp_specialized=True),
+  "coop128x256x64s3": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
+  "pp128x128x64s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, warp_specialized=True),
+  "pp64x256x64s4": Config(block_m=64, block_n=256, block_k=64, num_warps=8, num_stages=4, warp_specialized=True),
+  "pp64x256x32s8": Config(block_m=64, block_n=256, block_k=32, num_warps=8, num_stages=8, warp_specialized=True),
 }
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else [c[0] for c in CASES if c[0] != "decode-small"]
 rows = []
