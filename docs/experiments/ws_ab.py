@@ -1,6 +1,6 @@
 """A/B: the table's config against configs of the warp-specialised Gluon kernel (Config.warp_specialized),
 forward (gmm) and d lhs (gmm_t), through backend_triton with precomputed bounds, timed interleaved.
-Session 4 ran it with docs/experiments/autows_gmm.diff applied (Triton's automatic warp specialisation, which
+Session 4 ran it with commit b72a6b0 checked out (Triton's automatic warp specialisation, which
 hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py). python docs/experiments/ws_ab.py [case,...]"""
 import functools, sys, time
 import jax, jax.numpy as jnp, numpy as np
