@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +33,7 @@ import jgmm
 from jgmm import backend_triton, config_table
 from jgmm.config import Config
 from jgmm.ops import group_bounds
+from jgmm.timing import jax_sync, time_interleaved, time_ms
 
 # From ../shared/perf/moe_shapes.py (the GPU machine gets only this repository): (name, M, K, N, G).
 CASES = [
@@ -66,48 +66,9 @@ def measure_ceilings(repeats=5):
   a, b = (jax.random.normal(key, (8192, 8192), jnp.bfloat16) for key in (k1, k2))
   big = jax.random.uniform(k3, (2**29,), jnp.float32)
   dot, add = jax.jit(jnp.dot), jax.jit(lambda x: x + 1.0)
-  dot_ms = min(time_ms(lambda: dot(a, b), _jax_sync, batches=1) for _ in range(repeats))
-  add_ms = min(time_ms(lambda: add(big), _jax_sync, batches=1) for _ in range(repeats))
+  dot_ms = min(time_ms(lambda: dot(a, b), jax_sync, batches=1) for _ in range(repeats))
+  add_ms = min(time_ms(lambda: add(big), jax_sync, batches=1) for _ in range(repeats))
   return 2 * 8192**3 / dot_ms * 1e3, 2 * big.nbytes / add_ms * 1e3
-
-
-def time_ms(fn, sync, min_batch_s=0.05, batches=7):
-  """Median ms per call of fn() over `batches` timed batches (each ended by sync()), after warm-up."""
-  return time_interleaved({"fn": (fn, sync)}, min_batch_s, batches)["fn"]
-
-
-def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
-  """{name: median ms per call} of fns {name: (fn, sync)}.
-
-  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
-  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
-  slows down within a second). A fn whose single warm call takes longer than cap_s is timed by that call.
-  """
-  reps, result = {}, {}
-  for name, (fn, sync) in fns.items():
-    sync(fn())
-    start = time.perf_counter()
-    sync(fn())
-    per_call = max(time.perf_counter() - start, 1e-6)
-    if cap_s is not None and per_call > cap_s:
-      result[name] = 1e3 * per_call
-    else:
-      reps[name] = max(1, int(min_batch_s / per_call))
-  samples = {name: [] for name in reps}
-  for _ in range(batches):
-    for name in reps:
-      fn, sync = fns[name]
-      start = time.perf_counter()
-      for _ in range(reps[name] - 1):
-        fn()
-      sync(fn())
-      samples[name].append((time.perf_counter() - start) / reps[name])
-  result.update({name: 1e3 * statistics.median(times) for name, times in samples.items()})
-  return result
-
-
-def _jax_sync(x):
-  jax.block_until_ready(x)
 
 
 class Inputs:
@@ -179,7 +140,7 @@ def bench_case(name, m, k, n, g, ragged_cap_s, ceilings):
   against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device)."""
   flops = 2 * m * k * n
   inp = Inputs(m, k, n, g)
-  impls = {impl: (fwd, fwd_bwd, _jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
+  impls = {impl: (fwd, fwd_bwd, jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
   torch_fns, torch_sync = _torch_impls(inp, m, k, n, g)
   if torch_fns is not None:
     impls["torch_grouped_mm"] = (*torch_fns, torch_sync)
@@ -321,7 +282,7 @@ def tune_case(m, k, n, g, ops):
     for config in [dataclasses.replace(c, tma=t) for c in candidates for t in variants]:
       jitted = jax.jit(functools.partial(run, config=config))
       try:
-        ms = time_ms(lambda: jitted(*arrays), _jax_sync, min_batch_s=0.02, batches=5)
+        ms = time_ms(lambda: jitted(*arrays), jax_sync, min_batch_s=0.02, batches=5)
       except Exception as e:  # A config that does not compile or launch is skipped.
         print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
         continue
@@ -330,7 +291,7 @@ def tune_case(m, k, n, g, ops):
     # Bursts drift with the GPU's clocks: the three fastest are timed again, interleaved, to pick one.
     finalists = sorted(timings, key=lambda t: t[0])[:3]
     if finalists:
-      rerun = time_interleaved({i: (functools.partial(jitted, *arrays), _jax_sync)
+      rerun = time_interleaved({i: (functools.partial(jitted, *arrays), jax_sync)
                                 for i, (_, _, jitted) in enumerate(finalists)}, min_batch_s=0.03, batches=5)
       i = min(rerun, key=rerun.get)
       best[key] = dataclasses.asdict(finalists[i][1])

@@ -15,7 +15,8 @@ import numpy as np
 
 import jgmm
 from jgmm import backend_triton, config_table
-from jgmm.bench import Inputs, _jax_sync, speed_of_light_ms, time_interleaved
+from jgmm.bench import Inputs, speed_of_light_ms
+from jgmm.timing import jax_sync, time_interleaved
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 
@@ -38,14 +39,14 @@ if sys.argv[1] == "time":
     ref = outs["table " + name.split()[-1]] if name.split()[-1] in ("real", "all256") else outs["table real"]
     print(f"{name}: rel diff vs the table's kernel {np.linalg.norm(out - ref) / np.linalg.norm(ref):.2e}")
   sol = speed_of_light_ms(m, k, n, g)
-  for name, t in time_interleaved({k_: (f, _jax_sync) for k_, f in fns.items()}, batches=9).items():
+  for name, t in time_interleaved({k_: (f, jax_sync) for k_, f in fns.items()}, batches=9).items():
     print(f"| {name} | {t:.3f} ms | {100 * sol / t:.0f}% |")
 else:
   for f in fns.values():
-    _jax_sync(f())
+    jax_sync(f())
   import torch  # Its runtime's profiler switch covers the whole process.
   torch.cuda.cudart().cudaProfilerStart()
   for name, f in fns.items():
-    _jax_sync(f())
+    jax_sync(f())
   torch.cuda.cudart().cudaProfilerStop()
   print("profiled:", list(fns))

@@ -4,7 +4,8 @@ configs/sm90.json against one tuned on an H100).  python docs/experiments/table_
 import functools, json, sys
 import jax, jax.numpy as jnp
 from jgmm import backend_triton, config_table
-from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync
+from jgmm.bench import CASES, Inputs
+from jgmm.timing import jax_sync, time_interleaved
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 
@@ -29,7 +30,7 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
     table = config_table._table("sm90").get(key)
     if candidate.get(key) == table:
       continue
-    fns = {which: (functools.partial(jax.jit(functools.partial(fn, config=c)), *args), _jax_sync)
+    fns = {which: (functools.partial(jax.jit(functools.partial(fn, config=c)), *args), jax_sync)
            for which, c in (("table", table), ("candidate", candidate[key]))}
     ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
     rows.append((name, op, ms["table"], ms["candidate"]))

@@ -5,7 +5,8 @@ hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py). python docs/e
 import functools, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
-from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync, speed_of_light_ms
+from jgmm.bench import CASES, Inputs, speed_of_light_ms
+from jgmm.timing import jax_sync, time_interleaved
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 
@@ -36,7 +37,7 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
       ref = o if ref is None else ref
       err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
       print(f"{name} {op} {cname}: compile+run {time.time()-t0:.1f}s, rel diff vs table {err:.2e}", flush=True)
-      fns[cname] = (functools.partial(f, lhs, inp.w, bounds), _jax_sync)
+      fns[cname] = (functools.partial(f, lhs, inp.w, bounds), jax_sync)
     ms = time_interleaved(fns, min_batch_s=0.05, batches=7)
     sol = speed_of_light_ms(m, kk, nn, g)
     rows += [(name, op, c, t, 100 * sol / t, ms["table"] / t) for c, t in ms.items()]
