@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from jgmm import activations, primitives, validation
 from jgmm.config import Config
@@ -110,8 +111,10 @@ def _gmm_bwd(s, residuals, dout):
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-def gmm(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, preferred_element_type=None,
-        group_offset=None, existing_out=None, activation=None, config=None, backend=None):
+def gmm(lhs: ArrayLike, rhs: ArrayLike, group_sizes: ArrayLike, *, bias: ArrayLike | None = None,
+        transpose_rhs: bool = False, preferred_element_type: DTypeLike | None = None,
+        group_offset: int | ArrayLike | None = None, existing_out: ArrayLike | None = None,
+        activation: str | None = None, config: Config | dict | None = None, backend: str | None = None) -> jax.Array:
   """Grouped matrix multiplication: out[rows of g] = act(lhs[rows of g] @ rhs[g] + bias[g]).
 
   Args:
@@ -173,8 +176,11 @@ def _tgmm_bwd(s, residuals, cotangents):
 _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
-def tgmm(lhs, rhs, group_sizes, *, transpose_lhs=False, preferred_element_type=None, group_offset=None,
-         num_actual_groups=None, existing_out=None, bias_grad=False, config=None, backend=None):
+def tgmm(lhs: ArrayLike, rhs: ArrayLike, group_sizes: ArrayLike, *, transpose_lhs: bool = False,
+         preferred_element_type: DTypeLike | None = None, group_offset: int | ArrayLike | None = None,
+         num_actual_groups: int | None = None, existing_out: ArrayLike | None = None, bias_grad: bool = False,
+         config: Config | dict | None = None,
+         backend: str | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Transposed grouped matmul (the weight gradient): out[g] = lhs[:, rows of g] @ rhs[rows of g].
 
   Args:
@@ -226,7 +232,9 @@ def _masked_gmm_bwd(out_dtype, expected_m, config, backend, residuals, dout):
 _masked_gmm.defvjp(_masked_gmm_fwd, _masked_gmm_bwd)
 
 
-def masked_gmm(x, w, masked_m, *, preferred_element_type=None, expected_m=None, config=None, backend=None):
+def masked_gmm(x: ArrayLike, w: ArrayLike, masked_m: ArrayLike, *, preferred_element_type: DTypeLike | None = None,
+               expected_m: int | None = None, config: Config | dict | None = None,
+               backend: str | None = None) -> jax.Array:
   """Masked grouped matmul (DeepGEMM style): out[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g].T.
 
   Args:
