@@ -1,13 +1,14 @@
 """Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs and torch._grouped_mm.
 
-    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune]
+    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune]      (or: jgmm-bench ...)
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (jax.value_and_grad of a scalar loss; torch autograd) side by side in one
 process. Prints ms (median of timed batches), TFLOP/s, % of speed of light (speed_of_light_ms with the H200
 ceilings of moe_shapes.py, and with this GPU's own, measured at start by measure_ceilings) and ratios; writes
-bench.json (and bench.png if matplotlib imports) to --out. Timing: wall clock around a batch of asynchronous calls
-ended by one synchronisation (the same for JAX and torch), median of several batches, after warm-up.
+bench.json (and bench.png if matplotlib imports: the [bench] extra) to --out and says where. Timing
+(jgmm.timing): wall clock around a batch of asynchronous calls ended by one synchronisation (the same for JAX
+and torch), median of several batches, after warm-up.
 Implementations are timed round-robin, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
@@ -190,12 +191,14 @@ def _print_table(results):
 
 
 def _plot(results, path):
+  """Bar chart of each case's forward % of this GPU's speed of light, written to path. Returns a line saying where
+  it went, or why none was written."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
-    return
+    return "no plot written: matplotlib is not installed (pip install 'jgmm[bench]' or matplotlib)"
   impls = sorted({i for r in results for i in r["impls"]})
   fig, ax = plt.subplots(figsize=(10, 4))
   width = 0.8 / len(impls)
@@ -208,6 +211,8 @@ def _plot(results, path):
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return f"wrote the plot to {path}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -336,10 +341,12 @@ def main(argv=None):
     print(f"benchmarking {name}", flush=True)
     results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings))
   _print_table(results)
-  with open(os.path.join(args.out, "bench.json"), "w") as f:
+  json_path = os.path.join(args.out, "bench.json")
+  with open(json_path, "w") as f:
     json.dump({"device": device.device_kind, "jax": jax.__version__, "ceilings": {"flops": ceilings[0],
                "bytes_per_s": ceilings[1]}, "results": results}, f, indent=1)
-  _plot(results, os.path.join(args.out, "bench.png"))
+  print(f"wrote the results to {json_path}")
+  print(_plot(results, os.path.join(args.out, "bench.png")))
 
 
 if __name__ == "__main__":
