@@ -42,6 +42,13 @@ def check_supported() -> None:
         "kernel-call API may differ: update ffi/_jaxlib.py after checking TritonKernel's signature.")
 
 
+def has_plugin() -> bool:
+  """Whether a jax GPU plugin's Triton bindings are installed: lowering a Triton kernel needs one, even on a CPU
+  machine (jax-cuda13-plugin: pip install 'jgmm[cuda]')."""
+  gpu_triton = _gpu_triton()
+  return gpu_triton._cuda_triton is not None or gpu_triton._hip_triton is not None
+
+
 def plugin(platform: str):
   """jaxlib's Triton bindings for 'cuda' or 'rocm'.
 
@@ -55,7 +62,7 @@ def plugin(platform: str):
   module = own or other
   if module is None:
     raise RuntimeError(f"lowering a Triton kernel for {platform!r} needs a jax GPU plugin (jax-cuda13-plugin / "
-                       "jax-rocm-plugin) installed, even to lower without a GPU")
+                       "jax-rocm-plugin) installed, even to lower without a GPU: pip install 'jgmm[cuda]'")
   return module
 
 

@@ -428,6 +428,7 @@ class InterpreterTest(parameterized.TestCase):
 # CPU: lowering for GPU platforms
 
 
+@absltest.skipUnless(_jaxlib.has_plugin(), "cross-lowering needs jax's GPU plugin: pip install 'jgmm[cuda]'")
 class CrossLoweringTest(parameterized.TestCase):
 
   def _target(self, text):

@@ -285,6 +285,7 @@ class InterpretedMaskedTest(InterpretedTestBase):
 @absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
 @absltest.skipIf(not hasattr(gmm_kernels.gmm_kernel, "cache_key"),
                  "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
+@absltest.skipUnless(_jaxlib.has_plugin(), "cross-lowering needs jax's GPU plugin: pip install 'jgmm[cuda]'")
 class CrossLoweringTest(parameterized.TestCase):
 
   def lower(self, fn, *args):
