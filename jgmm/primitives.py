@@ -8,6 +8,7 @@ platform without Triton (the CPU) raises a clear error from jgmm.ffi unless TRIT
 Optional operands (bias, existing_out) are left out of the bind; `present` records which slots are filled.
 """
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +27,15 @@ def _backend_module(backend, platform):
     backend = "triton" if platform in _TRITON_PLATFORMS else "xla"
   if backend == "xla":
     return backend_xla
-  from jgmm import backend_triton  # Imports triton: only where a Triton lowering is asked for.
-  return backend_triton
+  try:  # Imports triton: only where a Triton lowering is asked for.
+    return importlib.import_module("jgmm.backend_triton")
+  except ModuleNotFoundError as e:
+    if e.name != "triton" and not (e.name or "").startswith("triton."):
+      raise
+    raise ModuleNotFoundError(
+        f"jgmm's Triton backend (backend='triton', or the default on a {platform!r} GPU) needs the triton package, "
+        "which is not installed: pip install triton (Linux; jgmm installs it there, with jax's CUDA plugin through "
+        "pip install 'jgmm[cuda]'), or pass backend='xla' for the portable implementation", name=e.name) from e
 
 
 def _fill(args, present):
