@@ -332,7 +332,7 @@ class TritonMissingTest(absltest.TestCase):
     with mock.patch.object(primitives.importlib, "import_module",
                            side_effect=ModuleNotFoundError("No module named 'numpy.foo'", name="numpy.foo")):
       with self.assertRaisesRegex(ModuleNotFoundError, r"^No module named 'numpy.foo'$"):
-        primitives._backend_module("triton", "cuda")
+        primitives._backend_module("triton", "cuda", static_shapes=True)
 
 
 if __name__ == "__main__":
