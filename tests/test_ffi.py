@@ -694,6 +694,17 @@ class GpuTest(parameterized.TestCase):
     x, y = _random(self.rng, n), _random(self.rng, n)
     np.testing.assert_allclose(np.asarray(jax.jit(vector_add)(x, y)), x.astype(np.float64) + y, rtol=1e-6)
 
+  @parameterized.parameters(("1", None, 128), ("0", None, 256), ("0", "8.0", 512))
+  def test_binary_paths(self, cubin_env, ptx_version, block):
+    """Triton's cubin as the module image (jaxlib >= 0.11.1), or PTX for jaxlib's ptxas, at Triton's capped PTX
+      version or at 8.0; one block size per case, so that jaxlib's module cache (keyed on the PTX) cannot hand a
+      case another's binary."""
+    env = {_jaxlib.CUBIN_ENV: cubin_env, _compile.PTX_VERSION_ENV: ptx_version or ""}
+    x, y = _random(self.rng, 777), _random(self.rng, 777)
+    with mock.patch.dict(os.environ, env):
+      out = jax.jit(lambda x, y: vector_add(x, y, block=block))(x, y)
+    np.testing.assert_allclose(np.asarray(out), x.astype(np.float64) + y, rtol=1e-6)
+
   @parameterized.parameters((37, 50, 29), (128, 64, 96))
   def test_matmul(self, m, k, n):
     a, b = _random(self.rng, (m, k)), _random(self.rng, (k, n))
