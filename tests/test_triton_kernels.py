@@ -420,9 +420,11 @@ class GpuKernelTest(KernelTestBase):
       (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=513, k=1, n=2880), dict(m=300, k=5760, n=1)),
       dtype=("bf16", "f16", "f32"),
       transpose_rhs=(False, True),
-      tma=(False, True),
+      path=("pointers", "tma", "tma_store"),
   )
-  def test_gmm(self, m, k, n, dtype, transpose_rhs, tma):
+  def test_gmm(self, m, k, n, dtype, transpose_rhs, path):
+    """The table's config with pointer loads, TMA loads, or TMA loads and stores (Config.tma_store: gmm_kernel,
+    not the ws kernel)."""
     groups = 6
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
@@ -430,25 +432,9 @@ class GpuKernelTest(KernelTestBase):
     config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
                                                 k, n, arch="sm90", out_dtype=np.dtype(dt).name)
     # Both grid sizes without doubling the cases: two programs per SM with rhs transposed.
-    config = dataclasses.replace(config, tma=tma, programs_per_sm=2 if transpose_rhs else 1)
-    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
-    want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
-    self.assert_close(out, want, GPU_TOLERANCE[dtype])
-
-  @parameterized.product(
-      (dict(m=1000, k=2880, n=5760), dict(m=777, k=128, n=264), dict(m=4096, k=2048, n=1536)),
-      dtype=("bf16", "f32"),
-      transpose_rhs=(False, True),
-  )
-  def test_gmm_tma_store(self, m, k, n, dtype, transpose_rhs):
-    """Config.tma_store on the table's tiles; bf16 in 128 x 256 tiles with 4 stages (the halves' buffer fits)."""
-    groups = 6
-    dt = GPU_DTYPES[dtype]
-    lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
-    bounds = self.random_bounds(m, groups)
-    config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
-                                                k, n, arch="sm90", out_dtype=np.dtype(dt).name)
-    config = dataclasses.replace(config, tma=True, tma_store=True, warp_specialized=False)
+    config = dataclasses.replace(config, tma=path != "pointers", tma_store=path == "tma_store",
+                                 warp_specialized=config.warp_specialized and path != "tma_store",
+                                 programs_per_sm=2 if transpose_rhs else 1)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
