@@ -97,11 +97,11 @@ def _persistent_programs(config, device):
   return config.programs_per_sm * device.num_sms if config.persistent else None
 
 
-def _dot_precision():
-  """Triton's input_precision for float32 products: IEEE float32 under
+def _dot_precision(precision):
+  """Triton's input_precision for float32 products: IEEE float32 for precision "highest" or under
   jax.default_matmul_precision("float32"/"highest"), else Triton's default (TF32 tensor cores on NVIDIA)."""
-  precision = jax.config.jax_default_matmul_precision
-  return "ieee" if precision in ("float32", "highest") else None
+  default = jax.config.jax_default_matmul_precision
+  return "ieee" if precision == "highest" or default in ("float32", "highest") else None
 
 
 def _device():
@@ -126,7 +126,7 @@ def _device():
 
 
 def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation, save_preactivation,
-        config):
+        config, precision=None):
   """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out), per group g.
 
   lhs (M, K); rhs (G, K, N), or (G, N, K) if transpose_rhs; bounds int32 (G + 1,), sanitised: rows of
@@ -179,11 +179,11 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision())
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision))
   return (out, h) if save_preactivation else out
 
 
-def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config, precision=None):
   """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out[g]).
 
   lhs (K, M), or (M, K) read transposed if transpose_lhs; rhs (M, N); bounds int32 (G + 1,), sanitised;
@@ -213,11 +213,11 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision())
+      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
 
   x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
@@ -244,4 +244,4 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))
