@@ -7,7 +7,8 @@ PTX version (CUDA): Triton stamps its PTX with the newest ISA its bundled ptxas 
 CUDA 13.4), which an older CUDA's ptxas rejects. jgmm asks Triton (its `ptx_version` option, which Triton's
 passes also see) for at most the ISA of the first release of the CUDA major version that jax's GPU plugin is
 built for (jax_cuda13_plugin: CUDA 13.0, ISA 9.0; jax_cuda12_plugin: 8.0), which every ptxas jaxlib accepts
-for that plugin can assemble. JGMM_PTX_VERSION=9.2 (say) names the version instead.
+for that plugin can assemble, but never below the lowest ISA that can target the GPU (ptx_version).
+JGMM_PTX_VERSION=9.2 (say) names the version instead.
 """
 
 import dataclasses
