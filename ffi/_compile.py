@@ -119,6 +119,18 @@ def ptx_version(target: Target) -> int | None:
   return min(own, max(lowest, nvidia_compiler.ptx_get_version(f"{cuda_major}.0")))
 
 
+def cubin_loads_everywhere(target: Target) -> bool:
+  """Whether the cubin Triton's bundled ptxas makes for `target` loads on every driver jax's CUDA plugin runs on:
+    that ptxas is of the plugin's CUDA major version or older (newer minor versions load through CUDA's minor
+    version compatibility; a newer major version does not, e.g. Triton 3.9's CUDA 13.4 cubins on a CUDA 12 driver)."""
+  cuda_major = _jaxlib.plugin_cuda_major()
+  if target.platform != "cuda" or cuda_major is None:
+    return False
+  from triton.backends.nvidia import compiler as nvidia_compiler
+
+  return _triton_ptx_version(target) < nvidia_compiler.ptx_get_version(f"{cuda_major + 1}.0")
+
+
 @functools.cache
 def _triton_ptx_version(target: Target) -> int:
   """The PTX version Triton picks for a CUDA target by itself: the newest its bundled ptxas assembles."""

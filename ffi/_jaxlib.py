@@ -20,8 +20,9 @@ machine (the CUDA toolkit of jax's plugin, /usr/local/cuda, PATH), never Triton'
 the assembled binary instead, which jaxlib then loads as it is (cuModuleLoadData). The Python binding has no
 argument for it, so the field is appended to the serialized proto (protobuf merges a repeated embedded message
 into the first). jgmm hands jaxlib the cubin that Triton's bundled ptxas made (the binary Triton itself would
-launch, which the CUDA driver loads on any driver of that CUDA major version) and keeps the PTX beside it (jaxlib
-keys its cache on it). JGMM_CUBIN=0 hands PTX only, for jaxlib's ptxas to assemble.
+launch) where every driver of jax's plugin loads it (_compile.cubin_loads_everywhere: that ptxas is of the
+plugin's CUDA major version or older), and keeps the PTX beside it (jaxlib keys its cache on it). JGMM_CUBIN=0
+hands PTX only, for jaxlib's ptxas to assemble.
 """
 
 import os

@@ -600,6 +600,20 @@ class CrossLoweringTest(parameterized.TestCase):
     # jaxlib's own parser reads the merged encoding.
     self.assertEqual(_jaxlib.plugin("cuda").get_serialized_metadata(zlib.compress(proto)), b"")
 
+  @parameterized.parameters(12, 13)
+  def test_cubin_only_where_every_driver_of_the_plugin_loads_it(self, cuda_major):
+    """A CUDA 12 plugin runs on CUDA 12 drivers, which do not load cubins of a CUDA 13 ptxas (Triton 3.9's for
+    sm_90); its PTX is then capped at ISA 8.0 for a CUDA 12 ptxas."""
+    self._target("cuda:90")
+    triton_ptxas_major = 13 if _compile._triton_ptx_version(_compile.Target("cuda", 90)) >= 90 else 12
+    a, b = jax.ShapeDtypeStruct((40, 24), jnp.float32), jax.ShapeDtypeStruct((24, 33), jnp.float32)
+    with mock.patch.object(_jaxlib, "_jaxlib_version", (0, 11, 1)), \
+        mock.patch.object(_jaxlib, "plugin_cuda_major", return_value=cuda_major):
+      _compile._cache.clear()
+      (proto,), (compiled,) = self._lower_new(matmul, a, b)
+    self.assertEqual(11 in _kernel_fields(proto), triton_ptxas_major <= cuda_major)
+    self.assertEqual(_ptx_version_of(compiled.asm["ptx"]) <= 80, cuda_major == 12)
+
   def test_in_process_cache(self):
     target = _compile.Target("cuda", 90)
     signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "out_ptr": "*fp32", "BLOCK": "constexpr"}
