@@ -94,16 +94,18 @@ def _varint(n: int) -> bytes:
   return bytes(out)
 
 
-def _message_field(number: int, payload: bytes) -> bytes:
-  return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+def _field(number: int, value: bytes | int) -> bytes:
+  """One serialized protobuf field: a varint (int value) or length-delimited (bytes value)."""
+  if isinstance(value, int):
+    return _varint(number << 3) + _varint(value)
+  return _varint(number << 3 | 2) + _varint(len(value)) + value
 
 
 def module_image_field(kernel_name: str, cubin: bytes, shared_mem_bytes: int) -> bytes:
   """Serialized TritonAnyKernelCall{kernel_call: {kernel: {module_image: {object_file, kernel_name, shared_mem}}}}:
     appended to a serialized call, it sets that call's module image."""
-  image = _message_field(1, cubin) + _message_field(2, kernel_name.encode()) + _varint(3 << 3) + _varint(
-      shared_mem_bytes)
-  return _message_field(1, _message_field(1, _message_field(11, image)))
+  image = _field(1, cubin) + _field(2, kernel_name.encode()) + _field(3, shared_mem_bytes)
+  return _field(1, _field(1, _field(11, image)))
 
 
 def supports_tma_descriptors(module) -> bool:
