@@ -233,6 +233,7 @@ CONFIG_CASES = [
     ("programs_per_sm_float", {"programs_per_sm": 2.0}, TypeError,
      r"config.programs_per_sm must be a Python int, got 2.0"),
     ("tma_str", {"tma": "yes"}, TypeError, r"config.tma must be a bool, got 'yes'"),
+    ("tma_store_int", {"tma_store": 1}, TypeError, r"config.tma_store must be a bool, got 1"),
 ]
 
 

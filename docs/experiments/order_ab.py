@@ -28,9 +28,9 @@ for name, m, k, n, g in [c for c in bench.CASES if c[0] in names]:
     ref = out if ref is None else ref
     print(f"{name} {cname} ({cfg}): rel diff vs table {np.linalg.norm(out - ref) / np.linalg.norm(ref):.2e}")
     fns[cname] = (functools.partial(f, inp.x, inp.w, bounds), timing.jax_sync)
-  torch_fns, torch_sync = bench._torch_impls(inp, m, k, n, g)
-  if torch_fns is not None:
-    fns["torch._grouped_mm"] = (torch_fns[0], torch_sync)
+  torch_impls = bench._torch_impls(inp, m, k, n, g)
+  if torch_impls is not None:
+    fns["torch._grouped_mm"] = (torch_impls[0][0], bench._torch_sync)
   ms = timing.time_interleaved(fns, min_batch_s=0.05, batches=11)
   rows += [(name, c, t, ms["table, bands 8"] / t) for c, t in ms.items()]
 print(f"\n{gpu.kind}\n| case | variant | ms | speedup vs table |")
