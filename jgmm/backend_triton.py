@@ -163,6 +163,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     return _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
+  tma_store = config.tma_store and use_tma and geometry.gmm_tma_store_ok(m, n_out, out_dtype.itemsize,
+                                                                        config.block_n)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
@@ -183,7 +185,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision))
   return (out, h) if save_preactivation else out
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import backend_triton, bench, config_table, model_shapes, tune_worker
+from jgmm import backend_triton, bench, config_table, model_shapes, timing, tune_worker
 
 
 @contextlib.contextmanager
@@ -46,9 +46,9 @@ def bench_keys(entries, arch, noise):
       continue
     heuristic = config_table.heuristic_config(key, arch)
     tuned = call(entry.backend, entry.config)
-    fns = {"tuned": (lambda: tuned(*arrays), tune_worker._sync)}
-    fns["heuristic"] = (lambda f=call("triton", heuristic): f(*arrays), tune_worker._sync)
-    ms = bench.time_interleaved(fns)
+    fns = {"tuned": (lambda: tuned(*arrays), timing.jax_sync)}
+    fns["heuristic"] = (lambda f=call("triton", heuristic): f(*arrays), timing.jax_sync)
+    ms = timing.time_interleaved(fns)
     row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"],
            "heuristic_us": 1e3 * ms["heuristic"], "speedup": ms["heuristic"] / ms["tuned"],
            "same_config": entry.backend == "triton" and entry.config == heuristic}
@@ -89,7 +89,7 @@ def bench_model(dims, ep, tokens):
       compiled["heuristic"] = [f.lower(*args).compile() for f in (fwd, fwd_bwd)]
     row = {"tokens": t, "m": m, "g": g}
     for i, phase in enumerate(("fwd", "fwd_bwd")):
-      ms = bench.time_interleaved({name: (lambda f=fns[i]: f(*args), tune_worker._sync)
+      ms = timing.time_interleaved({name: (lambda f=fns[i]: f(*args), timing.jax_sync)
                                    for name, fns in compiled.items()})
       row |= {f"{phase}_tuned_ms": ms["tuned"], f"{phase}_heuristic_ms": ms["heuristic"],
               f"{phase}_speedup": ms["heuristic"] / ms["tuned"]}

@@ -7,9 +7,9 @@ tell which one hangs), {"event": "result", "i": i, "us": ..., "max_rel_err": ...
 
 A job: {"phase": "screen" | "final", "key": Key fields, "m": total rows, "candidates": [{"backend": "triton",
 "config": Config fields} | {"backend": "xla"}], "seconds": the batch length to time with}.
-  screen: each candidate in turn, a short timing (bench.time_ms: 3 batches).
+  screen: each candidate in turn, a short timing (jgmm.timing.time_ms: 3 batches).
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
-    then all timed interleaved (bench.time_interleaved: 7 rounds).
+    then all timed interleaved (jgmm.timing.time_interleaved: 7 rounds).
 Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing).
 """
 import importlib.metadata
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jgmm
-from jgmm import bench, config_table
+from jgmm import bench, config_table, timing
 from jgmm.config import Config
 
 _DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
@@ -84,10 +84,6 @@ def max_rel_err(out, ref):
   return worst
 
 
-def _sync(x):
-  jax.block_until_ready(x)
-
-
 def _config(candidate):
   return Config(**candidate["config"]) if candidate["backend"] == "triton" else None
 
@@ -129,7 +125,7 @@ def run_job(job, emit):
       emit({"event": "start", "i": i})
       try:
         fn = call(candidate["backend"], _config(candidate))
-        us = 1e3 * bench.time_ms(lambda: fn(*arrays), _sync, min_batch_s=seconds, batches=3)
+        us = 1e3 * timing.time_ms(lambda: fn(*arrays), timing.jax_sync, min_batch_s=seconds, batches=3)
         emit({"event": "result", "i": i, "us": us, "tflops": flops / us / 1e6})
       except Exception as e:  # A candidate that does not compile or run is reported and skipped.
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -141,10 +137,10 @@ def run_job(job, emit):
       try:
         fn = call(candidate["backend"], _config(candidate))
         errors[i] = max_rel_err(fn(*arrays), ref)
-        fns[i] = (lambda fn=fn: fn(*arrays), _sync)
+        fns[i] = (lambda fn=fn: fn(*arrays), timing.jax_sync)
       except Exception as e:
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    for i, ms in bench.time_interleaved(fns, min_batch_s=seconds, batches=7).items():
+    for i, ms in timing.time_interleaved(fns, min_batch_s=seconds, batches=7).items():
       emit({"event": "result", "i": i, "us": 1e3 * ms, "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})
   emit({"event": "done"})
 

@@ -137,8 +137,12 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
   m, k = lhs.shape
   num_groups, rhs_k, n = (rhs.shape[0], rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape
   if rhs_k != k:
+    hint = ""
+    if core.definitely_equal(rhs.shape[1] if transpose_rhs else rhs.shape[2], k):  # The other layout matches.
+      hint = ("; for a (G, K, N) rhs leave transpose_rhs=False" if transpose_rhs else
+              "; for a (G, N, K) rhs (rows of each weight are outputs) pass transpose_rhs=True")
     raise ValueError(f"rhs must have K = {k} (lhs is {tuple(lhs.shape)}) in its layout {rhs_layout}, "
-                     f"got shape {tuple(rhs.shape)}")
+                     f"got shape {tuple(rhs.shape)}{hint}")
   _static_groups("rhs", rhs, 0, rhs_layout)
   if num_groups < 1:
     raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}")
