@@ -216,7 +216,8 @@ class ResumeTest(absltest.TestCase):
     first.wait()
     partial = config_table.read_table(output)
     self.assertLen(partial, 1)  # the finished key kept; the run was cut short
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    profile = os.path.join(out_dir, "profile.jsonl")
+    done = subprocess.run([*argv, "--profile-file", profile], env=env, capture_output=True, text=True, timeout=120)
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     self.assertIn("1 keys to tune, 1 already tuned", done.stdout)
     table = config_table.read_table(output)
@@ -224,7 +225,13 @@ class ResumeTest(absltest.TestCase):
     for key, entry in partial.items():
       self.assertEqual(table[key], entry)  # not retuned
     self.assertTrue(all(e.backend == "xla" and e.us > 0 and e.max_rel_err == 0 for e in table.values()))
-    self.assertEqual(os.listdir(out_dir), ["table.json"])  # no temporary file left
+    with open(profile) as f:
+      records = [json.loads(line) for line in f]
+    (rest,) = set(table) - set(partial)
+    self.assertEqual([(r["key"], r["phase"], r["candidate"]) for r in records],
+                     [(str(rest), "screen", {"backend": "xla"}), (str(rest), "final", {"backend": "xla"})])
+    self.assertEqual(records[-1]["us"], table[rest].us)
+    self.assertEqual(sorted(os.listdir(out_dir)), ["profile.jsonl", "table.json"])  # no temporary file left
 
 
 if __name__ == "__main__":
