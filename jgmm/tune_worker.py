@@ -45,8 +45,8 @@ def device():
 
 def problem(key, m, seed=0):
   """(arrays, call(backend, config) -> a jitted function of the arrays, flops) of one key with m total rows."""
-  if key.op not in ("gmm", "gmm_t", "tgmm", "masked"):
-    raise ValueError(f"jgmm.tune cannot time op {key.op!r} yet")
+  if key.op not in ("gmm", "gmm_t", "tgmm", "masked") or {key.in_dtype, key.out_dtype} - set(_DTYPES):
+    raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} yet")
   dtype, out_dtype = _DTYPES[key.in_dtype], _DTYPES[key.out_dtype]
   g, k, n = key.g, key.k, key.n
   keys = iter(jax.random.split(jax.random.key(seed), 4))
