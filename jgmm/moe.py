@@ -294,7 +294,7 @@ def expert_parallel_moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, 
   num_rows, buffer_rows = rows.shape[0], axis_size * rows.shape[0]
   if dispatch == "ragged":
     recv_starts = land_offsets[:, me]
-    buffer, _ = ops._vary_alike(jnp.zeros((buffer_rows, x.shape[1]), x.dtype), rows)
+    buffer = jnp.zeros_like(rows, shape=(buffer_rows, rows.shape[1]))  # varying over the axes rows vary over
     received = lax.ragged_all_to_all(rows, buffer, send_offsets[me], send_sizes, land_offsets[me], recv_sizes,
                                       axis_name=axis_name)
   else:
@@ -307,7 +307,7 @@ def expert_parallel_moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, 
   local_rows, local_sizes, local_permutation = permute(received, local_ids[:, None], local_experts)
   results = unpermute(mlp(local_rows, local_sizes), local_permutation)[:, 0]
   if dispatch == "ragged":
-    buffer, _ = ops._vary_alike(jnp.zeros_like(rows), results)
+    buffer = jnp.zeros_like(results, shape=rows.shape)
     sorted_y = lax.ragged_all_to_all(results, buffer, recv_starts, recv_sizes, send_offsets[:, me], send_sizes,
                                      axis_name=axis_name)
   else:

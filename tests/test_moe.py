@@ -387,10 +387,9 @@ class ExpertParallelTest(MoeTestBase):
     """The real ragged_all_to_all in the StableHLO of the ragged path, lowered for CUDA on this CPU machine."""
     inputs = self._inputs(16)
     fn = self._sharded(dispatch="ragged", backend="xla")
-    try:
-      text = fn.trace(*inputs).lower(lowering_platforms=("cuda",)).as_text()
-    except (RuntimeError, NotImplementedError) as e:  # no CUDA plugin in this environment
-      self.skipTest(f"cannot lower for cuda here: {e}")
+    if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+      self.skipTest("lowering for cuda needs jax's CUDA plugin: pip install 'jgmm[cuda]'")
+    text = fn.trace(*inputs).lower(lowering_platforms=("cuda",)).as_text()
     self.assertIn("ragged_all_to_all", text)
 
   def test_wrong_expert_shard_is_an_error(self):
@@ -443,12 +442,11 @@ class TrainExampleTest(absltest.TestCase):
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
     out_dir = self.enter_context(tempfile.TemporaryDirectory())
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "train_moe.py"), "--tiny", "--steps", "3", "--compare",
+        [sys.executable, os.path.join(ROOT, "examples", "train_moe.py"), "--tiny", "--steps", "3",
          "--out", out_dir], env=env, capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
     self.assertIn("devices: 8", result.stdout)
     self.assertRegex(result.stdout, r"tokens/s")
-    self.assertRegex(result.stdout, r"max \|loss difference\| [0-9.e+-]+")
     self.assertRegex(result.stdout, r"final loss [0-9.]+")
     self.assertTrue(os.path.exists(os.path.join(out_dir, "train_moe_loss.png")) or "matplotlib" in result.stdout)
 
