@@ -6,6 +6,7 @@ CPU devices of tests/conftest.py.
 """
 import importlib.util
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -263,6 +264,23 @@ class MoeTest(MoeTestBase):
     self.assert_close(moe.load_balancing_loss(logits, ids, E), expected, "aux loss")
 
 
+class ReadmeMoeTourTest(MoeTestBase):
+
+  def test_the_moe_tour_runs_and_matches_the_oracle(self):
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    (block,) = [b for b in re.findall(r"^```python\n(.*?)^```$", readme, flags=re.M | re.S) if "from jgmm import moe" in b]
+    tour = {}
+    exec(compile(block, "README.md:moe tour", "exec"), tour)  # pylint: disable=exec-used
+    x, logits, w_gate_up, w_down, k = (tour[n] for n in ("x", "router_logits", "w_gate_up", "w_down", "k"))
+    expected = moe_oracle(x, logits, w_gate_up, w_down, k)
+    self.assert_close(tour["out"], expected, "moe_mlp")
+    self.assert_close(tour["out_ep"], expected, "expert_parallel_moe_mlp")
+    self.assertEqual(tour["dropped"].shape, (x.shape[0], k))
+    per_slot = np.einsum("th,tkho->tko", oracle.f64(x), oracle.f64(tour["w"])[np.asarray(tour["ids"])])
+    self.assert_close(tour["per_slot"], per_slot, "grouped_gemm")
+    self.assert_close(tour["combined"], np.einsum("tk,tko->to", oracle.f64(tour["weights"]), per_slot), "unpermute")
+
+
 class MoeValidationTest(MoeTestBase):
 
   def test_bad_inputs(self):
@@ -402,6 +420,31 @@ class ExpertParallelTest(MoeTestBase):
   def test_dispatch_is_validated(self):
     with self.assertRaisesRegex(ValueError, r"dispatch must be one of .*'nccl'"):
       self._sharded(dispatch="nccl")(*self._inputs(8))
+
+
+GPUS = [d for d in jax.devices() if d.platform == "gpu"]
+
+
+@absltest.skipUnless(len(GPUS) >= 2, "needs 2+ GPUs (the real ragged_all_to_all; XLA:CPU does not compile it)")
+class ExpertParallelGpuTest(MoeTestBase):
+
+  @parameterized.parameters("ragged", "padded")
+  def test_matches_one_device(self, dispatch):
+    mesh = Mesh(np.array(GPUS), ("expert",))
+    tokens, num_experts = 64 * len(GPUS), 4 * len(GPUS)
+    x, logits = _normal(self.rng, tokens, H), _normal(self.rng, tokens, num_experts)
+    w_gate_up, w_down = self.weights(num_experts=num_experts)
+    fn = lambda *a: moe.expert_parallel_moe_mlp(*a, TOP_K, axis_name="expert", dispatch=dispatch)
+    sharded = jax.jit(shard_map(fn, mesh=mesh, in_specs=(P("expert"),) * 4, out_specs=P("expert")))
+    proj = _normal(self.rng, H)
+    loss = lambda f: lambda *a: jnp.sum(jnp.tanh(f(*a)) * proj)
+    with jax.default_matmul_precision("float32"):
+      got = sharded(x, logits, w_gate_up, w_down)
+      grads = jax.jit(jax.grad(loss(sharded), argnums=(0, 2)))(x, logits, w_gate_up, w_down)
+      want = jax.jit(jax.grad(loss(lambda *a: moe.moe_mlp(*a, TOP_K)), argnums=(0, 2)))(x, logits, w_gate_up, w_down)
+    self.assert_close(got, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "expert parallel on GPUs", 1e-4)
+    for g, r, name in zip(grads, want, ("x", "w_gate_up")):
+      self.assert_close(g, r, f"d{name}", 1e-4)
 
 
 # --------------------------------------------------------------------------------------------------------------
