@@ -16,7 +16,7 @@ from jax._src import core, dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jgmm import backend_xla
+from jgmm import backend_xla, partitioning
 
 _TRITON_PLATFORMS = ("cuda", "rocm")
 
@@ -30,22 +30,19 @@ def _backend_module(backend, platform):
   return backend_triton
 
 
-def _fill(args, present):
-  args = iter(args)
-  return [next(args) if is_present else None for is_present in present]
-
-
 def _define(name, abstract_eval):
   """A multiple-results primitive calling `<backend>.<name>(*operands, **params)`."""
   prim = Primitive(f"jgmm_{name}")
   prim.multiple_results = True
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  dispatch.prim_requires_devices_during_lowering.add(prim)  # The lowering may emit a custom_partitioning call.
 
   def shapes(*avals, present, backend, **params):
     del backend
-    outs = abstract_eval(*_fill(avals, present), **params)
+    outs = abstract_eval(*partitioning.fill(avals, present), **params)
     if not avals[0].mat.varying:
-      return outs
+      shardings = partitioning.explicit_result_shardings(partitioning.RULES[name](present, **params), avals)
+      return outs if shardings is None else [o.update(sharding=s) for o, s in zip(outs, shardings)]
     # Inside shard_map: the operands vary over the same manual mesh axes (ops.py casts them); so do the outputs.
     return [core.ShapedArray(o.shape, o.dtype, sharding=core.get_cur_mesh_sharding(), manual_axis_type=avals[0].mat)
             for o in outs]
@@ -53,9 +50,12 @@ def _define(name, abstract_eval):
   prim.def_abstract_eval(shapes)
 
   def lower(platform):
-    def run(*args, present, backend, **params):
-      out = getattr(_backend_module(backend, platform), name)(*_fill(args, present), **params)
+    def run_backend(*args, backend, **params):
+      out = getattr(_backend_module(backend, platform), name)(*args, **params)
       return list(out) if isinstance(out, tuple) else [out]
+
+    def run(*args, present, **params):
+      return partitioning.call(name, run_backend, args, present, params)
     return mlir.lower_fun(run, multiple_results=True)
 
   for platform in ("cpu", *_TRITON_PLATFORMS):
