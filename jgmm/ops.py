@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jgmm import activations, primitives, validation
+from jgmm import activations, partitioning, primitives, validation
 from jgmm.config import Config
 
 
@@ -104,7 +104,8 @@ def _gmm_bwd(s, residuals, dout):
   dbias = None
   if bias is not None:
     dbias = (drhs_outs[1] if fuse_bias_grad else _segment_sums(dh, bounds)).astype(bias.dtype)
-  return dlhs, drhs_outs[0], None, dbias, dout if s.accumulate else None
+  like = partitioning.reshard_like
+  return like(dlhs, lhs), like(drhs_outs[0], rhs), None, like(dbias, bias), dout if s.accumulate else None
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
@@ -167,7 +168,8 @@ def _tgmm_bwd(s, residuals, cotangents):
   # d rhs[rows of g] = lhs_mk[rows] @ dout[g] (+ d dbias[g] on every row of g).
   (drhs,) = primitives.gmm(lhs_mk, g, bounds, ddbias, None, transpose_rhs=False, out_dtype=rhs.dtype,
                            **backward)
-  return dlhs_mk if s.transpose_lhs else dlhs_mk.T, drhs, None, dout if s.accumulate else None
+  dlhs = partitioning.reshard_like(dlhs_mk if s.transpose_lhs else dlhs_mk.T, lhs)
+  return dlhs, partitioning.reshard_like(drhs, rhs), None, dout if s.accumulate else None
 
 
 _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
@@ -220,7 +222,7 @@ def _masked_gmm_bwd(out_dtype, expected_m, config, backend, residuals, dout):
   valid = (jnp.arange(x.shape[1])[None, :] < masked_m[:, None])[..., None]
   dw = jnp.einsum("gmn,gmk->gnk", jnp.where(valid, dout, 0), jnp.where(valid, x, 0),
                   preferred_element_type=jnp.float32)
-  return dx, dw.astype(w.dtype), None
+  return partitioning.reshard_like(dx, x), partitioning.reshard_like(dw.astype(w.dtype), w), None
 
 
 _masked_gmm.defvjp(_masked_gmm_fwd, _masked_gmm_bwd)

@@ -115,6 +115,16 @@ def explicit_result_shardings(rule, operand_avals):
   return [NamedSharding(mesh, s) for s in result_specs(rule, [a.sharding.spec for a in operand_avals])]
 
 
+def reshard_like(x, ref):
+  """x with ref's sharding where ref is sharded over Explicit mesh axes (a cotangent typed as its primal)."""
+  if x is None:
+    return x
+  want = jax.typeof(ref).sharding
+  if not want.mesh.explicit_axes or jax.typeof(x).sharding == want:
+    return x
+  return jax.sharding.reshard(x, want)
+
+
 # Per-shard computation.
 
 
@@ -209,10 +219,10 @@ def _partition(static, mesh, arg_shapes, result_shape):
 def _sharding_rule(static, mesh, operand_types, result_types):
   del mesh, operand_types, result_types
   rule = _rule(static)
-  factors = set(sum(rule.operands + rule.results, ()))
+  factors = tuple(dict.fromkeys(sum(rule.operands + rule.results, ())))  # In order of appearance, as Shardy wants.
   einsum = ", ".join(" ".join(d) for d in rule.operands) + " -> " + ", ".join(" ".join(d) for d in rule.results)
-  return einsum, dict(reduction_factors=tuple(f for f in rule.summed if f in factors),
-                      need_replication_factors=tuple(f for f in rule.replicated if f in factors))
+  return einsum, dict(reduction_factors=tuple(f for f in factors if f in rule.summed),
+                      need_replication_factors=tuple(f for f in factors if f in rule.replicated))
 
 
 def _call(static, *args):

@@ -1,0 +1,194 @@
+"""jit of jgmm's ops on sharded inputs (8 emulated CPU devices): Explicit, Auto and mixed meshes.
+
+Each case places the operands with NamedShardings, checks the result against the float64 oracle, checks the
+result's sharding against the documented rule (jgmm/partitioning.py), and checks the compiled HLO: no
+all-gather where the rule keeps every sharded factor, and an all-reduce where shards' parts are summed.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jgmm
+from jgmm import oracle
+
+NUM_DEVICES = 8
+M, K, N, G = 72, 16, 24, 8
+TOL = 2e-5
+EXPLICIT, AUTO = AxisType.Explicit, AxisType.Auto
+# name, mesh shape, axis names, axis types. "mixed" shards one factor over an Explicit axis, another over an Auto.
+MESHES = {"explicit": ((8,), ("d",), (EXPLICIT,)), "auto": ((8,), ("d",), (AUTO,)),
+          "mixed": ((4, 2), ("d", "a"), (EXPLICIT, AUTO))}
+
+
+def _normal(rng, *shape):
+  return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+def _sizes(rng, num_groups, m):
+  """Random group sizes with an empty group, summing to less than m."""
+  sizes = rng.multinomial(m - 5, rng.dirichlet(np.ones(num_groups))).astype(np.int32)
+  sizes[rng.integers(num_groups)] = 0
+  return jnp.asarray(sizes)
+
+
+class PartitioningTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    if jax.device_count() < NUM_DEVICES:
+      self.skipTest(f"needs {NUM_DEVICES} devices: run under pytest (tests/conftest.py sets XLA_FLAGS)")
+
+  def _mesh(self, kind):
+    shape, names, types = MESHES[kind]
+    return jax.make_mesh(shape, names, axis_types=types)
+
+  def _run(self, kind, fn, args, specs, expected, out_specs, gathers=False, reduces=None):
+    """jit(fn)(*args placed by specs) vs expected; the results' specs; all-gather/all-reduce in the compiled HLO."""
+    mesh = self._mesh(kind)
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    jitted = jax.jit(fn)
+    with jax.set_mesh(mesh):
+      outs = jitted(*placed)
+      hlo = jitted.lower(*placed).compile().as_text()
+    for i, (out, want, spec) in enumerate(zip(jax.tree.leaves(outs), expected, out_specs)):
+      err = oracle.rel_err(out, want)
+      self.assertLess(err, TOL, f"result {i}: rel_err {err:.3g}")
+      if spec is None:  # Left to the Auto partitioner.
+        continue
+      self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, spec), out.ndim),
+                      f"result {i}'s sharding: {out.sharding.spec}, expected {spec}")
+    if not gathers:
+      self.assertNotIn("all-gather", hlo)
+    if reduces is not None:
+      self.assertEqual("all-reduce" in hlo, reduces)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_rows(self, kind):
+    rng = np.random.default_rng(1)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
+    self._run(kind, jgmm.gmm, (lhs, rhs, sizes), (P("d"), P(), P()), [oracle.gmm(lhs, rhs, sizes)],
+              [P("d")], reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_columns(self, kind):
+    rng = np.random.default_rng(2)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, N, K), _sizes(rng, G, M)
+    gmm = functools.partial(jgmm.gmm, transpose_rhs=True)
+    self._run(kind, gmm, (lhs, rhs, sizes), (P(), P(None, "d"), P()),
+              [oracle.gmm(lhs, rhs, sizes, transpose_rhs=True)], [P(None, "d")], reduces=False)
+
+  def test_gmm_rows_and_columns(self):
+    """Rows over the Explicit axis, columns over the Auto one: the result is sharded over both (typed by the first)."""
+    rng = np.random.default_rng(3)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
+    self._run("mixed", jgmm.gmm, (lhs, rhs, sizes), (P("d"), P(None, None, "a"), P()),
+              [oracle.gmm(lhs, rhs, sizes)], [P("d", "a")], reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_groups_summed(self, kind):
+    """rhs sharded over groups: each shard computes its groups' rows, an all-reduce sums them."""
+    rng = np.random.default_rng(4)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
+    bias, existing = _normal(rng, G, N), _normal(rng, M, N)
+    gmm = lambda l, r, s, b, e: jgmm.gmm(l, r, s, bias=b, existing_out=e, activation="gelu")
+    expected = oracle.gmm(lhs, rhs, sizes, bias=bias, existing_out=existing, activation_name="gelu")
+    self._run(kind, gmm, (lhs, rhs, sizes, bias, existing), (P(), P("d"), P(), P("d"), P()), [expected], [P()],
+              reduces=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_rows_options(self, kind):
+    """Rows sharded with bias, an activation, existing_out and a group offset (rhs holds 6 of 10 groups)."""
+    rng = np.random.default_rng(5)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, 6, K, N), _sizes(rng, 10, M)
+    bias, existing = _normal(rng, 6, N), _normal(rng, M, N)
+    gmm = lambda l, r, s, b, e: jgmm.gmm(l, r, s, bias=b, existing_out=e, activation="silu", group_offset=3)
+    expected = oracle.gmm(lhs, rhs, sizes, bias=bias, existing_out=existing, activation_name="silu", group_offset=3)
+    self._run(kind, gmm, (lhs, rhs, sizes, bias, existing), (P("d"), P(), P(), P(), P("d")), [expected], [P("d")],
+              reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_swiglu_columns_gathered(self, kind):
+    """swiglu keeps rhs's [gate | up] halves together: its column sharding is gathered, the result is right."""
+    rng = np.random.default_rng(6)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, 2 * N), _sizes(rng, G, M)
+    gmm = functools.partial(jgmm.gmm, activation="swiglu")
+    self._run(kind, gmm, (lhs, rhs, sizes), (P("d"), P(None, None, "d"), P()),
+              [oracle.gmm(lhs, rhs, sizes, activation_name="swiglu")], [P("d")], gathers=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_grad_rows(self, kind):
+    """Data parallel: d lhs keeps the rows' sharding, d rhs sums the shards' parts; nothing is gathered."""
+    rng = np.random.default_rng(7)
+    lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
+    loss = lambda l, r, s, c: jnp.sum(jgmm.gmm(l, r, s) * c)
+    expected = [oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True),
+                oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
+    self._run(kind, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P("d"), P(), P(), P("d")),
+              expected, [P("d"), P()], reduces=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_grad_groups(self, kind):
+    """Expert parallel: rhs sharded over groups, forward and backward."""
+    rng = np.random.default_rng(8)
+    lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
+    loss = lambda l, r, s, c: jnp.sum(jgmm.gmm(l, r, s) * c)
+    expected = [oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True),
+                oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
+    # Under explicit sharding d rhs is typed as rhs; on an Auto mesh its sharding is the partitioner's choice.
+    drhs_spec = None if kind == "auto" else P("d")
+    self._run(kind, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P(), P("d"), P(), P()),
+              expected, [P(), drhs_spec], reduces=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_tgmm_k_and_n(self, kind):
+    rng = np.random.default_rng(9)
+    lhs, rhs, sizes = _normal(rng, K, M), _normal(rng, M, N), _sizes(rng, G, M)
+    for specs, out_spec in [((P("d"), P(), P()), P(None, "d")), ((P(), P(None, "d"), P()), P(None, None, "d"))]:
+      self._run(kind, jgmm.tgmm, (lhs, rhs, sizes), specs, [oracle.tgmm(lhs, rhs, sizes)[0]], [out_spec],
+                reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_tgmm_rows_summed(self, kind):
+    """Rows sharded (the weight gradient under data parallelism): float32 parts summed, existing_out added once."""
+    rng = np.random.default_rng(10)
+    lhs, rhs, sizes, existing = _normal(rng, M, K), _normal(rng, M, N), _sizes(rng, G, M), _normal(rng, G, K, N)
+    tgmm = lambda l, r, s, e: jgmm.tgmm(l, r, s, transpose_lhs=True, existing_out=e, bias_grad=True)
+    out, dbias = oracle.tgmm(lhs, rhs, sizes, transpose_lhs=True, existing_out=existing)
+    self._run(kind, tgmm, (lhs, rhs, sizes, existing), (P("d"), P("d"), P(), P()), [out, dbias], [P(), P()],
+              reduces=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_tgmm_groups(self, kind):
+    """existing_out sharded over groups: each shard computes its groups (16 of 18, from group_offset 1)."""
+    rng = np.random.default_rng(11)
+    lhs, rhs, sizes, existing = _normal(rng, K, M), _normal(rng, M, N), _sizes(rng, 18, M), _normal(rng, 16, K, N)
+    tgmm = lambda l, r, s, e: jgmm.tgmm(l, r, s, existing_out=e, group_offset=1, num_actual_groups=16)
+    expected = oracle.tgmm(lhs, rhs, sizes, existing_out=existing, group_offset=1, num_actual_groups=16)[0]
+    self._run(kind, tgmm, (lhs, rhs, sizes, existing), (P(), P(), P(), P("d")), [expected], [P("d")],
+              reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_masked_gmm(self, kind):
+    rng = np.random.default_rng(12)
+    x, w = _normal(rng, G, 16, K), _normal(rng, G, N, K)
+    masked_m = jnp.asarray(rng.integers(-2, 20, G), jnp.int32)
+    for specs, out_spec in [((P("d"), P("d"), P("d")), P("d")), ((P(None, "d"), P(), P()), P(None, "d")),
+                            ((P(), P(None, "d"), P()), P(None, None, "d"))]:
+      self._run(kind, jgmm.masked_gmm, (x, w, masked_m), specs, [oracle.masked_gmm(x, w, masked_m)], [out_spec],
+                reduces=False)
+
+  @parameterized.parameters(*MESHES)
+  def test_ragged_dot_rows(self, kind):
+    rng = np.random.default_rng(13)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
+    self._run(kind, jgmm.ragged_dot, (lhs, rhs, sizes), (P("d"), P(), P()), [oracle.gmm(lhs, rhs, sizes)], [P("d")],
+              reduces=False)
+
+
+if __name__ == "__main__":
+  absltest.main()
