@@ -22,6 +22,7 @@ rebases them: rows [i * m_local, (i + 1) * m_local) see clip(bounds - i * m_loca
 Under explicit sharding (mesh axes of type Explicit) the abstract evaluation gives each result the sharding
 of its factors' explicit axes, and the lowering runs the partitioned call with those axes made Auto.
 """
+import functools
 import math
 from typing import NamedTuple
 
@@ -233,15 +234,15 @@ _partitioned = custom_partitioning(_call, static_argnums=(0,))
 _partitioned.def_partition(_partition, sharding_rule=_sharding_rule)
 
 
-def call(name, run, args, present, params):
-  """run(*operands, **params) on the operands present, partitioned by jit's SPMD partitioner."""
+def call(name, run, args, present, params, partition=True):
+  """run(*operands, **params) on the operands present; partitioned by the rules above when `partition`, else
+  left to the SPMD partitioner (which gathers: for host callbacks, which a partitioned call cannot hold)."""
   static = Static(name, present, tuple(sorted(params.items())), run)
-  avals = [jax.typeof(a) for a in args]
-  shardings = explicit_result_shardings(RULES[name](present, **params), avals)
+  call = functools.partial(_partitioned if partition else _call, static)
+  shardings = explicit_result_shardings(RULES[name](present, **params), [jax.typeof(a) for a in args])
   if shardings is None:
-    return _partitioned(static, *args)
+    return call(*args)
   # Explicit axes: run with them made Auto (the partitioner shards the call), the results typed as the rule says.
   mesh = shardings[0].mesh
   with jax.sharding.use_abstract_mesh(mesh):
-    return jax.sharding.auto_axes(lambda *a: _partitioned(static, *a), axes=mesh.explicit_axes,
-                                  out_sharding=shardings)(*args)
+    return jax.sharding.auto_axes(call, axes=mesh.explicit_axes, out_sharding=shardings)(*args)

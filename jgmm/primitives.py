@@ -55,7 +55,9 @@ def _define(name, abstract_eval):
       return list(out) if isinstance(out, tuple) else [out]
 
     def run(*args, present, **params):
-      return partitioning.call(name, run_backend, args, present, params)
+      # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned.
+      interpreted = _backend_module(params["backend"], platform) is not backend_xla and platform not in _TRITON_PLATFORMS
+      return partitioning.call(name, run_backend, args, present, params, partition=not interpreted)
     return mlir.lower_fun(run, multiple_results=True)
 
   for platform in ("cpu", *_TRITON_PLATFORMS):
