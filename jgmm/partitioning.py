@@ -33,6 +33,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 _F32 = jnp.dtype(jnp.float32)
+_NO_MESH = jax.sharding.AbstractMesh((), ())
 
 
 class Rule(NamedTuple):
@@ -212,7 +213,9 @@ def _partition(static, mesh, arg_shapes, result_shape):
   result_shardings = [NamedSharding(mesh, _spec(dims, axes)) for dims in rule.results]
 
   def lower_fn(*args):
-    return list(_LOCAL[static.name](static, mesh, axes, *fill(args, static.present)))
+    # Per-shard arrays carry no sharding, whatever mesh the caller had set when the partitioner calls back.
+    with jax.sharding.use_abstract_mesh(_NO_MESH):
+      return list(_LOCAL[static.name](static, mesh, axes, *fill(args, static.present)))
 
   return mesh, lower_fn, result_shardings, arg_shardings
 
