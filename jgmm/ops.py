@@ -22,6 +22,7 @@ def group_bounds(group_sizes, group_offset, num_groups, m):
   Rows of local group g are [bounds[g], bounds[g + 1]); 0 <= bounds[0] <= ... <= bounds[-1] <= m whatever
   group_sizes (G_total,) and group_offset hold.
   """
+  group_sizes = partitioning.replicated(group_sizes)
   sizes = jnp.clip(group_sizes, 0, m).astype(jnp.int32)
   # min(a + b, m) without overflow: prefix sums clipped at m.
   ends = lax.associative_scan(lambda a, b: jnp.minimum(a, m - b) + b, sizes)

@@ -22,7 +22,6 @@ rebases them: rows [i * m_local, (i + 1) * m_local) see clip(bounds - i * m_loca
 Under explicit sharding (mesh axes of type Explicit) the abstract evaluation gives each result the sharding
 of its factors' explicit axes, and the lowering runs the partitioned call with those axes made Auto.
 """
-import functools
 import math
 from typing import NamedTuple
 
@@ -125,6 +124,14 @@ def reshard_like(x, ref):
   if not want.mesh.explicit_axes or jax.typeof(x).sharding == want:
     return x
   return jax.sharding.reshard(x, want)
+
+
+def replicated(x):
+  """x replicated where it is sharded over Explicit mesh axes (the group sizes: every shard needs them all)."""
+  sharding = jax.typeof(x).sharding
+  if not sharding.mesh.explicit_axes or not any(_entry_axes(e) for e in sharding.spec):
+    return x
+  return jax.sharding.reshard(x, PartitionSpec())
 
 
 # Per-shard computation.
@@ -239,13 +246,25 @@ _partitioned.def_partition(_partition, sharding_rule=_sharding_rule)
 
 def call(name, run, args, present, params, partition=True):
   """run(*operands, **params) on the operands present; partitioned by the rules above when `partition`, else
-  left to the SPMD partitioner (which gathers: for host callbacks, which a partitioned call cannot hold)."""
-  static = Static(name, present, tuple(sorted(params.items())), run)
-  call = functools.partial(_partitioned if partition else _call, static)
-  shardings = explicit_result_shardings(RULES[name](present, **params), [jax.typeof(a) for a in args])
-  if shardings is None:
-    return call(*args)
-  # Explicit axes: run with them made Auto (the partitioner shards the call), the results typed as the rule says.
-  mesh = shardings[0].mesh
+  left to the SPMD partitioner (which gathers: for host callbacks, which a partitioned call cannot hold).
+
+  Traced under the operands' mesh: the lowering has no context mesh of its own."""
+  avals = [jax.typeof(a) for a in args]
+  meshes = [a.sharding.mesh for a in avals if not a.sharding.mesh.empty]
+  if not meshes:
+    return _call_maybe_partitioned(partition, name, run, args, present, params)
+  mesh = meshes[0]
+  # Inside shard_map (manual axes) the call is left whole: the partitioner does not call back into manual code.
+  partition = partition and not mesh.manual_axes
   with jax.sharding.use_abstract_mesh(mesh):
+    shardings = explicit_result_shardings(RULES[name](present, **params), avals)
+    call = lambda *a: _call_maybe_partitioned(partition, name, run, a, present, params)
+    if shardings is None:
+      return call(*args)
+    # Explicit axes: run with them made Auto (the partitioner shards the call), the results typed by the rule.
     return jax.sharding.auto_axes(call, axes=mesh.explicit_axes, out_sharding=shardings)(*args)
+
+
+def _call_maybe_partitioned(partition, name, run, args, present, params):
+  static = Static(name, present, tuple(sorted(params.items())), run)
+  return (_partitioned if partition else _call)(static, *args)

@@ -40,12 +40,14 @@ def _define(name, abstract_eval):
   def shapes(*avals, present, backend, **params):
     del backend
     outs = abstract_eval(*partitioning.fill(avals, present), **params)
-    if not avals[0].mat.varying:
-      shardings = partitioning.explicit_result_shardings(partitioning.RULES[name](present, **params), avals)
-      return outs if shardings is None else [o.update(sharding=s) for o, s in zip(outs, shardings)]
+    # Sharded over Explicit mesh axes: the results are sharded as jgmm/partitioning.py's rules say.
+    shardings = partitioning.explicit_result_shardings(partitioning.RULES[name](present, **params), avals)
+    mat = avals[0].mat
+    if shardings is None and not mat.varying:
+      return outs
     # Inside shard_map: the operands vary over the same manual mesh axes (ops.py casts them); so do the outputs.
-    return [core.ShapedArray(o.shape, o.dtype, sharding=core.get_cur_mesh_sharding(), manual_axis_type=avals[0].mat)
-            for o in outs]
+    shardings = shardings or [core.get_cur_mesh_sharding()] * len(outs)
+    return [core.ShapedArray(o.shape, o.dtype, sharding=s, manual_axis_type=mat) for o, s in zip(outs, shardings)]
 
   prim.def_abstract_eval(shapes)
 

@@ -183,6 +183,35 @@ class PartitioningTest(parameterized.TestCase):
                 reduces=False)
 
   @parameterized.parameters(*MESHES)
+  def test_gmm_sharded_group_sizes(self, kind):
+    """group_sizes sharded too: every shard needs them all (gathered, a G-element vector)."""
+    rng = np.random.default_rng(14)
+    lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
+    self._run(kind, jgmm.gmm, (lhs, rhs, sizes), (P("d"), P(), P("d")), [oracle.gmm(lhs, rhs, sizes)], [P("d")],
+              gathers=True)
+
+  @parameterized.parameters(EXPLICIT, AUTO)
+  def test_shard_map_over_one_axis(self, other_axis_type):
+    """shard_map manual over the expert axis only, lhs rows sharded over the other (Explicit or Auto) axis."""
+    rng = np.random.default_rng(15)
+    lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
+    mesh = jax.make_mesh((4, 2), ("e", "d"), axis_types=(EXPLICIT, other_axis_type))
+
+    def local(lhs, rhs_local, sizes):
+      offset = jax.lax.axis_index("e") * (G // 4)
+      return jax.lax.psum(jgmm.gmm(lhs, rhs_local, sizes, group_offset=offset), "e")
+
+    expert_parallel = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("e"), P()), out_specs=P(), axis_names={"e"})
+    loss = lambda l, r, s, c: jnp.sum(expert_parallel(l, r, s) * c)
+    with jax.set_mesh(mesh):
+      lhs_rows, rhs_experts = jax.device_put(lhs, P("d")), jax.device_put(rhs, P("e"))
+      out = jax.jit(expert_parallel)(lhs_rows, rhs_experts, sizes)
+      dlhs, drhs = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs_rows, rhs_experts, sizes, cotangent)
+    self.assertLess(oracle.rel_err(out, oracle.gmm(lhs, rhs, sizes)), TOL)
+    self.assertLess(oracle.rel_err(dlhs, oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True)), TOL)
+    self.assertLess(oracle.rel_err(drhs, oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]), TOL)
+
+  @parameterized.parameters(*MESHES)
   def test_ragged_dot_rows(self, kind):
     rng = np.random.default_rng(13)
     lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
