@@ -5,6 +5,9 @@ result's sharding against the documented rule (jgmm/partitioning.py), and checks
 all-gather where the rule keeps every sharded factor, and an all-reduce where shards' parts are summed.
 """
 import functools
+import math
+import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +48,7 @@ class PartitioningTest(parameterized.TestCase):
 
   def _mesh(self, kind):
     shape, names, types = MESHES[kind]
-    return jax.make_mesh(shape, names, axis_types=types)
+    return jax.make_mesh(shape, names, axis_types=types, devices=jax.devices()[:math.prod(shape)])
 
   def _run(self, kind, fn, args, specs, expected, out_specs, gathers=False, reduces=None):
     """jit(fn)(*args placed by specs) vs expected; the results' specs; all-gather/all-reduce in the compiled HLO."""
@@ -195,7 +198,9 @@ class PartitioningTest(parameterized.TestCase):
     """shard_map manual over the expert axis only, lhs rows sharded over the other (Explicit or Auto) axis."""
     rng = np.random.default_rng(15)
     lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
-    mesh = jax.make_mesh((4, 2), ("e", "d"), axis_types=(EXPLICIT, other_axis_type))
+    if jax.device_count() < 8:
+      self.skipTest("needs 8 devices")
+    mesh = jax.make_mesh((4, 2), ("e", "d"), axis_types=(EXPLICIT, other_axis_type), devices=jax.devices()[:8])
 
     def local(lhs, rhs_local, sizes):
       offset = jax.lax.axis_index("e") * (G // 4)
@@ -217,6 +222,35 @@ class PartitioningTest(parameterized.TestCase):
     lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
     self._run(kind, jgmm.ragged_dot, (lhs, rhs, sizes), (P("d"), P(), P()), [oracle.gmm(lhs, rhs, sizes)], [P("d")],
               reduces=False)
+
+  def test_triton_interpreted_explicit(self):
+    """Triton in its interpreter (host callbacks: gathered, not partitioned) on an Explicit mesh, with grad."""
+    if jax.devices()[0].platform != "cpu":
+      self.skipTest("the interpreter runs on the CPU")
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    rng = np.random.default_rng(16)
+    lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
+    config = jgmm.Config(block_m=16, block_n=16, block_k=16, num_warps=1)
+    loss = lambda l, r, s, c: jnp.sum(jgmm.gmm(l, r, s, backend="triton", config=config) * c)
+    expected = [oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True),
+                oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
+    self._run("explicit", jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P("d"), P(), P(), P("d")),
+              expected, [P("d"), P()], gathers=True)
+
+
+class GpuPartitioningTest(PartitioningTest):
+  """The same cases through the Triton kernels on 2 GPUs (exact float32 products); skipped without them."""
+
+  def setUp(self):
+    parameterized.TestCase.setUp(self)
+    if jax.devices()[0].platform != "gpu" or jax.device_count() < 2:
+      self.skipTest("needs 2 GPUs")
+    self.enter_context(jax.default_matmul_precision("float32"))
+
+  def _mesh(self, kind):
+    _, names, types = MESHES[kind]
+    shape = (2,) if len(names) == 1 else (2, 1)
+    return jax.make_mesh(shape, names, axis_types=types, devices=jax.devices()[:2])
 
 
 if __name__ == "__main__":
