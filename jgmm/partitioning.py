@@ -13,7 +13,7 @@ group bounds), and n and o under swiglu (its [gate | up] halves would not stay t
 sharded by their factors' axes. Summed factors (g of gmm: rhs sharded over groups; m of tgmm) are in no
 result: each shard computes its part and the parts are summed (psum) into a result replicated over them.
 
-Under `jax.jit` the primitives are `custom_partitioning` functions: the SPMD partitioner calls `_partition`,
+Under `jax.jit` the primitives are `custom_partitioning` functions: the SPMD partitioner calls `partition`,
 which keeps every operand in the shards the rule above gives (no all-gather of a sharded factor that the rule
 keeps) and runs the backend on each shard's block. Group bounds are global row and group indices, so a shard
 rebases them: rows [i * m_local, (i + 1) * m_local) see clip(bounds - i * m_local, 0, m_local), and groups
@@ -212,7 +212,8 @@ def _rule(static):
   return RULES[static.name](static.present, **dict(static.params))
 
 
-def _partition(static, mesh, arg_shapes, result_shape):
+def partition(static, mesh, arg_shapes, result_shape):
+  """custom_partitioning's partition callback: (mesh, per-shard function, result and operand shardings)."""
   rule = _rule(static)
   specs = [getattr(x.sharding, "spec", ()) for x in (*arg_shapes, *result_shape)]
   axes = factor_axes(rule, specs)
@@ -241,7 +242,7 @@ def _call(static, *args):
 
 
 _partitioned = custom_partitioning(_call, static_argnums=(0,))
-_partitioned.def_partition(_partition, sharding_rule=_sharding_rule)
+_partitioned.def_partition(partition, sharding_rule=_sharding_rule)
 
 
 def call(name, run, args, present, params, partition=True):

@@ -30,6 +30,15 @@ def _backend_module(backend, platform):
   return backend_triton
 
 
+@functools.cache
+def backend_runner(name, platform):
+  """run(*operands, backend, **params) -> list of results: `<backend>.<name>` as lowered for `platform`."""
+  def run(*args, backend, **params):
+    out = getattr(_backend_module(backend, platform), name)(*args, **params)
+    return list(out) if isinstance(out, tuple) else [out]
+  return run
+
+
 def _define(name, abstract_eval):
   """A multiple-results primitive calling `<backend>.<name>(*operands, **params)`."""
   prim = Primitive(f"jgmm_{name}")
@@ -52,14 +61,11 @@ def _define(name, abstract_eval):
   prim.def_abstract_eval(shapes)
 
   def lower(platform):
-    def run_backend(*args, backend, **params):
-      out = getattr(_backend_module(backend, platform), name)(*args, **params)
-      return list(out) if isinstance(out, tuple) else [out]
-
     def run(*args, present, **params):
       # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned.
-      interpreted = _backend_module(params["backend"], platform) is not backend_xla and platform not in _TRITON_PLATFORMS
-      return partitioning.call(name, run_backend, args, present, params, partition=not interpreted)
+      interpreted = (_backend_module(params["backend"], platform) is not backend_xla
+                     and platform not in _TRITON_PLATFORMS)
+      return partitioning.call(name, backend_runner(name, platform), args, present, params, partition=not interpreted)
     return mlir.lower_fun(run, multiple_results=True)
 
   for platform in ("cpu", *_TRITON_PLATFORMS):

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jgmm
-from jgmm import oracle
+from jgmm import oracle, partitioning, primitives
 
 NUM_DEVICES = 8
 M, K, N, G = 72, 16, 24, 8
@@ -236,6 +236,51 @@ class PartitioningTest(parameterized.TestCase):
                 oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
     self._run("explicit", jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P("d"), P(), P(), P("d")),
               expected, [P("d"), P()], gathers=True)
+
+
+class CrossLoweringTest(parameterized.TestCase):
+  """The per-shard functions the partitioner calls back for, lowered for an H100 (JGMM_TARGET=cuda:90) on the CPU:
+  one Triton kernel on each shard's block, and an all-reduce only where parts are summed."""
+
+  def setUp(self):
+    super().setUp()
+    if jax.device_count() < NUM_DEVICES:
+      self.skipTest(f"needs {NUM_DEVICES} devices: run under pytest (tests/conftest.py sets XLA_FLAGS)")
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
+    self.mesh = jax.make_mesh((8,), ("d",), axis_types=(AUTO,), devices=jax.devices()[:8])
+
+  def _lower_shard(self, name, params, operands, results, slots):
+    """StableHLO of the partitioned call's per-shard function: operands/results (shape, dtype, spec); the
+    operands fill the first of the primitive's `slots` operand slots."""
+    placed = lambda x: jax.ShapeDtypeStruct(x[0], x[1], sharding=NamedSharding(self.mesh, x[2]))
+    present = (True,) * len(operands) + (False,) * (slots - len(operands))
+    static = partitioning.Static(name, present, tuple(sorted(params.items())), primitives.backend_runner(name, "cuda"))
+    mesh, lower_fn, result_shardings, arg_shardings = partitioning.partition(
+        static, self.mesh, [placed(o) for o in operands], [placed(r) for r in results])
+    for sharding, operand in zip(arg_shardings, operands):  # Nothing gathered.
+      self.assertTrue(sharding.is_equivalent_to(NamedSharding(self.mesh, operand[2]), len(operand[0])))
+    shard = jax.shard_map(lower_fn, mesh=mesh, in_specs=tuple(s.spec for s in arg_shardings),
+                          out_specs=[s.spec for s in result_shardings], check_vma=False)
+    args = [jax.ShapeDtypeStruct(o[0], o[1]) for o in operands]
+    return jax.jit(shard).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+  def test_gmm_rows(self):
+    bf16 = jnp.bfloat16
+    params = dict(transpose_rhs=False, out_dtype=jnp.dtype(bf16), activation=None, save_preactivation=False,
+                  config=None, backend=None)
+    text = self._lower_shard("gmm", params, [((64, 16), bf16, P("d")), ((4, 16, 32), bf16, P()),
+                                             ((5,), jnp.int32, P())], [((64, 32), bf16, P("d"))], slots=5)
+    self.assertEqual(text.count("@triton_kernel_call_ffi("), 1, text)
+    self.assertIn("tensor<8x16xbf16>", text)  # The kernel reads the shard's 8 rows.
+    self.assertNotIn("all_reduce", text)
+
+  def test_tgmm_rows_summed(self):
+    bf16 = jnp.bfloat16
+    params = dict(transpose_lhs=True, out_dtype=jnp.dtype(bf16), bias_grad=False, config=None, backend=None)
+    text = self._lower_shard("tgmm", params, [((64, 16), bf16, P("d")), ((64, 32), bf16, P("d")),
+                                              ((5,), jnp.int32, P())], [((4, 16, 32), bf16, P())], slots=4)
+    self.assertEqual(text.count("@triton_kernel_call_ffi("), 1, text)
+    self.assertIn("all_reduce", text)
 
 
 class GpuPartitioningTest(PartitioningTest):
