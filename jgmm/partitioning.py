@@ -116,11 +116,14 @@ def explicit_result_shardings(rule, operand_avals):
   return [NamedSharding(mesh, s) for s in result_specs(rule, [a.sharding.spec for a in operand_avals])]
 
 
-def reshard_like(x, ref):
-  """x with ref's sharding where ref is sharded over Explicit mesh axes (a cotangent typed as its primal)."""
-  if x is None:
-    return x
-  want = jax.typeof(ref).sharding
+def without_mesh():
+  """A context in which arrays carry no sharding, whatever mesh is set."""
+  return jax.sharding.use_abstract_mesh(_NO_MESH)
+
+
+def reshard_as(x, aval):
+  """x with aval's sharding where that is over Explicit mesh axes (a cotangent typed as its primal)."""
+  want = aval.sharding
   if not want.mesh.explicit_axes or jax.typeof(x).sharding == want:
     return x
   return jax.sharding.reshard(x, want)
@@ -157,7 +160,7 @@ def _num_shards(mesh, names):
 
 
 def fill(args, present):
-  """The operands with None in the slots of absent ones."""
+  """The operand list with None in the slots `present` marks empty."""
   args = iter(args)
   return [next(args) if is_present else None for is_present in present]
 
@@ -222,7 +225,7 @@ def partition(static, mesh, arg_shapes, result_shape):
 
   def lower_fn(*args):
     # Per-shard arrays carry no sharding, whatever mesh the caller had set when the partitioner calls back.
-    with jax.sharding.use_abstract_mesh(_NO_MESH):
+    with without_mesh():
       return list(_LOCAL[static.name](static, mesh, axes, *fill(args, static.present)))
 
   return mesh, lower_fn, result_shardings, arg_shardings
