@@ -124,29 +124,26 @@ class PartitioningTest(parameterized.TestCase):
     self._run(kind, gmm, (lhs, rhs, sizes), (P("d"), P(None, None, "d"), P()),
               [oracle.gmm(lhs, rhs, sizes, activation_name="swiglu")], [P("d")], gathers=True)
 
-  @parameterized.parameters(*MESHES)
-  def test_gmm_grad_rows(self, kind):
-    """Data parallel: d lhs keeps the rows' sharding, d rhs sums the shards' parts; nothing is gathered."""
-    rng = np.random.default_rng(7)
+  def _check_gmm_grad(self, kind, seed, specs, out_specs):
+    """d lhs and d rhs of sum(gmm(lhs, rhs) * cotangent), operands placed by specs."""
+    rng = np.random.default_rng(seed)
     lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
     loss = lambda l, r, s, c: jnp.sum(jgmm.gmm(l, r, s) * c)
     expected = [oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True),
                 oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
-    self._run(kind, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P("d"), P(), P(), P("d")),
-              expected, [P("d"), P()], reduces=True)
+    self._run(kind, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), specs, expected, out_specs,
+              reduces=True)
+
+  @parameterized.parameters(*MESHES)
+  def test_gmm_grad_rows(self, kind):
+    """Data parallel: d lhs keeps the rows' sharding, d rhs sums the shards' parts; nothing is gathered."""
+    self._check_gmm_grad(kind, 7, (P("d"), P(), P(), P("d")), [P("d"), P()])
 
   @parameterized.parameters(*MESHES)
   def test_gmm_grad_groups(self, kind):
     """Expert parallel: rhs sharded over groups, forward and backward."""
-    rng = np.random.default_rng(8)
-    lhs, rhs, sizes, cotangent = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M), _normal(rng, M, N)
-    loss = lambda l, r, s, c: jnp.sum(jgmm.gmm(l, r, s) * c)
-    expected = [oracle.gmm(cotangent, rhs, sizes, transpose_rhs=True),
-                oracle.tgmm(lhs, cotangent, sizes, transpose_lhs=True)[0]]
     # Under explicit sharding d rhs is typed as rhs; on an Auto mesh its sharding is the partitioner's choice.
-    drhs_spec = None if kind == "auto" else P("d")
-    self._run(kind, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes, cotangent), (P(), P("d"), P(), P()),
-              expected, [P(), drhs_spec], reduces=True)
+    self._check_gmm_grad(kind, 8, (P(), P("d"), P(), P()), [P(), None if kind == "auto" else P("d")])
 
   @parameterized.parameters(*MESHES)
   def test_tgmm_k_and_n(self, kind):
