@@ -88,13 +88,19 @@ def _define(name, abstract_eval):
   prim.def_abstract_eval(shapes)
 
   def lower(platform):
-    def run(*args, present, **params):
-      # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned.
+    def run(*args, present, exporting, **params):
+      # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned. Nor is
+      # a call that jax.export serialises (a custom_partitioning call cannot be exported).
       static_shapes = all(core.is_constant_shape(a.shape) for a in args)
       interpreted = (_backend_module(params["backend"], platform, static_shapes) is not backend_xla
                      and platform not in _TRITON_PLATFORMS)
-      return partitioning.call(name, backend_runner(name, platform), args, present, params, partition=not interpreted)
-    return mlir.lower_fun(run, multiple_results=True)
+      return partitioning.call(name, backend_runner(name, platform), args, present, params,
+                               partition=not (interpreted or exporting))
+
+    def rule(ctx, *args, **params):
+      exporting = ctx.module_context.lowering_parameters.for_export
+      return mlir.lower_fun(functools.partial(run, exporting=exporting), multiple_results=True)(ctx, *args, **params)
+    return rule
 
   for platform in ("cpu", *_TRITON_PLATFORMS):
     mlir.register_lowering(prim, lower(platform), platform=platform)
