@@ -116,8 +116,11 @@ def run_interpreted(kernel, grid: tuple, args: list, constexprs: dict) -> None:
       pointers.append(arg.item() if isinstance(arg, np.generic) else arg)
     else:
       raise TypeError(f"{function.__name__}: unsupported argument of type {type(arg).__name__}")
-  executor = _InPlaceGridExecutor(function.rewrite(), function.arg_names, grid, function.pre_run_hooks)
+  # Under the lock too: rewriting parses the kernel's source, and concurrent ast.parse calls from the device threads
+  # of a multi-device CPU computation failed ("AST constructor recursion depth mismatch"), leaving the other devices
+  # waiting in their next collective until XLA aborted the process.
   with _LOCK, _interpreter_patched():
+    executor = _InPlaceGridExecutor(function.rewrite(), function.arg_names, grid, function.pre_run_hooks)
     executor(*pointers, **constexprs)
   # Keep the arrays alive until the kernel is done with their addresses.
   del pointers
