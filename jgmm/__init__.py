@@ -1,10 +1,12 @@
 """jgmm: grouped matrix multiplication for JAX (Mixture-of-Experts gmm, tgmm and masked gmm).
 
 Ops (shapes in each docstring): `gmm`, `tgmm`, `masked_gmm`, and `ragged_dot`, a drop-in replacement for
-`jax.lax.ragged_dot`. Each is a JAX primitive with a custom_vjp, lowered to Triton kernels on GPUs and to a
-portable pure-JAX implementation elsewhere (`backend="xla"` forces it anywhere).
+`jax.lax.ragged_dot`; `grouped_matmul`, independent products of different sizes in one launch. Each is a JAX
+primitive with autodiff rules, lowered to Triton kernels on GPUs and to a portable pure-JAX implementation
+elsewhere (`backend="xla"` forces it anywhere).
 """
 from jgmm.config import Config
+from jgmm.grouped_matmul import grouped_matmul
 from jgmm.ops import gmm, masked_gmm, ragged_dot, tgmm
 
-__all__ = ["Config", "gmm", "masked_gmm", "ragged_dot", "tgmm"]
+__all__ = ["Config", "gmm", "grouped_matmul", "masked_gmm", "ragged_dot", "tgmm"]
