@@ -201,9 +201,10 @@ def _problem_table(shapes, config):
   return table, int(ends[-1])
 
 
-def _leading_dims(shapes, transpose_lhs, transpose_rhs):
-  """Per problem the row lengths of lhs, rhs and out."""
-  return [((m if transpose_lhs else k), (k if transpose_rhs else n), n) for m, n, k in shapes]
+def _power_of_2_dividing(values):
+  """The largest power of 2, at most 16, that divides every one of `values`."""
+  common = math.gcd(*values)
+  return min(16, common & -common)
 
 
 def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, config, device):
@@ -212,9 +213,7 @@ def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, config, d
   from jgmm.triton_kernels import grouped_matmul as kernels
   config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, device)
   table, num_tiles = _problem_table(shapes, config)
-  leading = _leading_dims(shapes, transpose_lhs, transpose_rhs)
-  common_factor = math.gcd(*(d for dims in leading for d in dims))
-  ld_multiple = min(16, common_factor & -common_factor)  # The largest power of 2 dividing every row length.
+  m_multiple, n_multiple, k_multiple = (_power_of_2_dividing([s[d] for s in shapes]) for d in range(3))
   widest_block = max(config.block_m, config.block_n, config.block_k)
   return ffi.triton_call(
       tuple(lhs), tuple(rhs), jnp.asarray(table), kernel=kernels.grouped_matmul_kernel,
@@ -223,7 +222,8 @@ def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, config, d
       num_stages=config.num_stages, name="jgmm_grouped_matmul",
       P=len(shapes), P_POW2=table.shape[1], NUM_TILES=num_tiles, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
       BLOCK_K=config.block_k, GROUP_M=8, TRANSPOSE_LHS=transpose_lhs, TRANSPOSE_RHS=transpose_rhs,
-      LD_MULTIPLE=ld_multiple, OFFSET_64=widest_block * max(max(dims) for dims in leading) >= 2**31,
+      M_MULTIPLE=m_multiple, N_MULTIPLE=n_multiple, K_MULTIPLE=k_multiple,
+      OFFSET_64=widest_block * max(max(shape) for shape in shapes) >= 2**31,
       DOT_PRECISION=backend_triton._dot_precision())[0]
 
 

@@ -19,8 +19,9 @@ so the longest tiles go first and the tail is short), and within a problem in ba
 A tile finds its slot with one vector reduction over tiles_end, then reads its column with scalar loads.
 
 Offsets: a 64-bit base pointer per tile, within-tile offsets of int64 with OFFSET_64 (where some row length
-times a block could pass 2^31), else int32. LD_MULTIPLE: every leading dimension is a multiple of it (elements; 16 bytes'
-worth where all rows are 16-byte multiples), hinted to the compiler for vector loads.
+times a block could pass 2^31), else int32. M_MULTIPLE, N_MULTIPLE, K_MULTIPLE: powers of 2 (at most 16) that
+divide every problem's M, N, K; the compiler then knows the row lengths' alignment and vectorises the loads
+along rows (cp.async of 16 bytes, which the software pipeline needs) where they are multiples of 16 bytes.
 
 FP8 hook: an FP8 variant would add per-problem scale tuples (like lhs_ptrs) and multiply acc by them before
 the store; the tile loop and the schedule stay as they are.
@@ -43,10 +44,10 @@ def select_pointer(ptrs, p, P: tl.constexpr):
 
 
 @triton.jit
-def _leading_dim(x, LD_MULTIPLE: tl.constexpr):
-  if LD_MULTIPLE > 1:
-    x = tl.multiple_of(x, LD_MULTIPLE)
-  return x
+def _load_multiple(ptr, MULTIPLE: tl.constexpr):
+  """The int32 at ptr, a multiple of MULTIPLE, written so that the compiler sees it is one (tl.multiple_of on a
+  loaded scalar does not reach the vectorisation of the loads it steers)."""
+  return (tl.load(ptr) // MULTIPLE) * MULTIPLE
 
 
 @triton.jit
@@ -54,7 +55,8 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
                           P: tl.constexpr, P_POW2: tl.constexpr, NUM_TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr,
-                          LD_MULTIPLE: tl.constexpr, OFFSET_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                          M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr,
+                          OFFSET_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """All tiles of all P problems over a persistent grid (see the module docstring)."""
   OFFSET: tl.constexpr = tl.int64 if OFFSET_64 else tl.int32
   slots = tl.arange(0, P_POW2)
@@ -67,9 +69,9 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
     column = problems_ptr + slot
     first_tile = tl.load(column + 1 * P_POW2)
     p = tl.load(column + 2 * P_POW2)
-    m = tl.load(column + 3 * P_POW2)
-    n = tl.load(column + 4 * P_POW2)
-    k = tl.load(column + 5 * P_POW2)
+    m = _load_multiple(column + 3 * P_POW2, M_MULTIPLE)
+    n = _load_multiple(column + 4 * P_POW2, N_MULTIPLE)
+    k = _load_multiple(column + 5 * P_POW2, K_MULTIPLE)
     mi, ni = tile_coords(tile - first_tile, tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N), GROUP_M)
     row0 = mi.to(tl.int64) * BLOCK_M
     col0 = ni.to(tl.int64) * BLOCK_N
@@ -77,25 +79,21 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
     col_mask = cols < n - col0
 
     if TRANSPOSE_LHS:  # lhs (K, M): element [r, c] at c * M + r
-      lda = _leading_dim(m, LD_MULTIPLE)
       a_ptr = select_pointer(lhs_ptrs, p, P) + row0
-      a_offsets = rows[:, None] + ks.to(OFFSET)[None, :] * lda
-      a_step = BLOCK_K * lda.to(tl.int64)
+      a_offsets = rows[:, None] + ks.to(OFFSET)[None, :] * m
+      a_step = BLOCK_K * m.to(tl.int64)
     else:  # lhs (M, K): element [r, c] at r * K + c
-      lda = _leading_dim(k, LD_MULTIPLE)
-      a_ptr = select_pointer(lhs_ptrs, p, P) + row0 * lda
-      a_offsets = rows.to(OFFSET)[:, None] * lda + ks[None, :]
+      a_ptr = select_pointer(lhs_ptrs, p, P) + row0 * k
+      a_offsets = rows.to(OFFSET)[:, None] * k + ks[None, :]
       a_step = BLOCK_K
-    if TRANSPOSE_RHS:  # rhs (N, K): element [c, r] at r * K + c
-      ldb = _leading_dim(k, LD_MULTIPLE)
-      b_ptr = select_pointer(rhs_ptrs, p, P) + col0 * ldb
-      b_offsets = ks[:, None] + cols.to(OFFSET)[None, :] * ldb
+    if TRANSPOSE_RHS:  # rhs (N, K): element [r, c] at c * K + r
+      b_ptr = select_pointer(rhs_ptrs, p, P) + col0 * k
+      b_offsets = ks[:, None] + cols.to(OFFSET)[None, :] * k
       b_step = BLOCK_K
-    else:  # rhs (K, N): element [c, r] at c * N + r
-      ldb = _leading_dim(n, LD_MULTIPLE)
+    else:  # rhs (K, N): element [r, c] at r * N + c
       b_ptr = select_pointer(rhs_ptrs, p, P) + col0
-      b_offsets = ks.to(OFFSET)[:, None] * ldb + cols[None, :]
-      b_step = BLOCK_K * ldb.to(tl.int64)
+      b_offsets = ks.to(OFFSET)[:, None] * n + cols[None, :]
+      b_step = BLOCK_K * n.to(tl.int64)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
@@ -105,6 +103,5 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
       acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
       a_ptr += a_step
       b_ptr += b_step
-    ldc = _leading_dim(n, LD_MULTIPLE)
-    out_ptr = select_pointer(out_ptrs, p, P) + row0 * ldc + col0
-    store_tile(out_ptr, rows, row_mask, cols, col_mask, ldc, acc, OFFSET)
+    out_ptr = select_pointer(out_ptrs, p, P) + row0 * n + col0
+    store_tile(out_ptr, rows, row_mask, cols, col_mask, n, acc, OFFSET)
