@@ -602,7 +602,7 @@ def triton_call(*args,
     aliased_outputs_appended, out_params = False, entry_sizes[len(aliases):]  # all None: no tuples with aliases
   else:
     raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
-                    f"{len(entry_sizes)} output params were given")
+                    f"{len(entry_sizes)} outputs (a tuple of them counting as one) were given")
 
   if maxnreg is not None and (type(maxnreg) is not int or not 24 <= maxnreg <= 255):
     raise ValueError(f"{name}: maxnreg must be None or an int in [24, 255] (registers per thread), got {maxnreg!r}")

@@ -20,6 +20,8 @@ import jgmm
 from jgmm import oracle
 from jgmm.config import Config
 from jgmm.ffi import _compile
+from jgmm.triton_kernels import grouped_matmul as kernels  # noqa: F401  (imported as @triton.jit, not under
+# TRITON_INTERPRET=1 by the first interpreted test: its helpers would stay interpreted and fail to compile)
 
 gm = importlib.import_module("jgmm.grouped_matmul")  # the module (jgmm.grouped_matmul is the function)
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
