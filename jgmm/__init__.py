@@ -5,8 +5,10 @@ Ops (shapes in each docstring): `gmm`, `tgmm`, `masked_gmm`, and `ragged_dot`, a
 primitive with autodiff rules, lowered to Triton kernels on GPUs and to a portable pure-JAX implementation
 elsewhere (`backend="xla"` forces it anywhere).
 """
+__version__ = "0.1.0"  # The one place the version is written: pyproject.toml reads it.
+
 from jgmm.config import Config
 from jgmm.grouped_matmul import grouped_matmul
 from jgmm.ops import gmm, masked_gmm, ragged_dot, tgmm
 
-__all__ = ["Config", "gmm", "grouped_matmul", "masked_gmm", "ragged_dot", "tgmm"]
+__all__ = ["__version__", "Config", "gmm", "grouped_matmul", "masked_gmm", "ragged_dot", "tgmm"]

@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jgmm import config_table, ffi
+from jgmm import backend_xla, config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_ws
@@ -97,11 +97,11 @@ def _persistent_programs(config, device):
   return config.programs_per_sm * device.num_sms if config.persistent else None
 
 
-def _dot_precision():
-  """Triton's input_precision for float32 products: IEEE float32 under
+def _dot_precision(precision):
+  """Triton's input_precision for float32 products: IEEE float32 for precision "highest" or under
   jax.default_matmul_precision("float32"/"highest"), else Triton's default (TF32 tensor cores on NVIDIA)."""
-  precision = jax.config.jax_default_matmul_precision
-  return "ieee" if precision in ("float32", "highest") else None
+  default = jax.config.jax_default_matmul_precision
+  return "ieee" if precision == "highest" or default in ("float32", "highest") else None
 
 
 def _device():
@@ -126,7 +126,7 @@ def _device():
 
 
 def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation, save_preactivation,
-        config):
+        config, precision=None):
   """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out), per group g.
 
   lhs (M, K); rhs (G, K, N), or (G, N, K) if transpose_rhs; bounds int32 (G + 1,), sanitised: rows of
@@ -146,9 +146,15 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     out = jnp.zeros((0, n_out), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((0, n), out_dtype)) if save_preactivation else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
-                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups,
+      transpose=transpose_rhs, activation=activation, bias=bias is not None, accumulate=existing_out is not None),
+      arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.gmm(lhs, rhs, bounds, bias, existing_out, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                           activation=activation, save_preactivation=save_preactivation, config=None,
+                           precision=precision)
+  config = choice.config
   if (config.warp_specialized and device.arch == "sm90" and device.tma and bias is None and existing_out is None
       and activation is None and not save_preactivation and lhs.dtype.name in ("bfloat16", "float16")
       and out_dtype.name in ("bfloat16", "float16") and geometry.gmm_ws_ok(
@@ -157,6 +163,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     return _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
+  tma_store = config.tma_store and use_tma and geometry.gmm_tma_store_ok(m, n_out, out_dtype.itemsize,
+                                                                        config.block_n)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
@@ -177,11 +185,11 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision))
   return (out, h) if save_preactivation else out
 
 
-def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config, precision=None):
   """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out[g]).
 
   lhs (K, M), or (M, K) read transposed if transpose_lhs; rhs (M, N); bounds int32 (G + 1,), sanitised;
@@ -196,9 +204,13 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
     out = jnp.zeros((num_groups, k, n), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((num_groups, n), jnp.float32)) if bias_grad else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "tgmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups, transpose=transpose_lhs,
+      bias=bias_grad, accumulate=existing_out is not None), arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.tgmm(lhs, rhs, bounds, existing_out, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                            bias_grad=bias_grad, config=None, precision=precision)
+  config = choice.config
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
@@ -211,11 +223,11 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision())
+      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
 
   x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
@@ -228,9 +240,13 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  if config is None:
-    config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups), arch=device.arch,
+      device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None,
+                                  precision=precision)
+  config = choice.config
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)
@@ -242,4 +258,4 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))

@@ -7,8 +7,8 @@ different lengths, LoRA adapters of different ranks, heads of several tasks), af
 tutorial.
 
 Design. One JAX primitive, grouped_matmul_p, over the operands lhs_0..lhs_{P-1}, rhs_0..rhs_{P-1}, with
-params transpose_lhs (lhs_i stored (K_i, M_i); only the backward uses it), transpose_rhs, out_dtype, config
-and backend. It is bilinear, so it has a JVP rule (f(dA, B) + f(A, dB)) and a transpose rule whose
+params transpose_lhs (lhs_i stored (K_i, M_i); only the backward uses it), transpose_rhs, out_dtype, precision,
+config and backend. It is bilinear, so it has a JVP rule (f(dA, B) + f(A, dB)) and a transpose rule whose
 cotangents are again grouped matmuls of all problems at once (dA_i = dC_i B_i^T, dB_i = A_i^T dC_i, each a
 single launch, through transpose_lhs/transpose_rhs instead of transposed copies); jit, grad, jax.jvp and
 vmap (a batch of lhs only folds into M: one launch; otherwise a lax.map over the batch) follow.
@@ -23,6 +23,7 @@ params); more problems take more launches.
 """
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,13 +34,15 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jgmm import validation
+from jgmm.config import Config
 
 MAX_PROBLEMS_PER_LAUNCH = 128
 _TRITON_PLATFORMS = ("cuda", "rocm")
 
 
-def grouped_matmul(lhs_list, rhs_list, *, transpose_rhs: bool = False, preferred_element_type=None,
-                   config=None, backend: str | None = None) -> list:
+def grouped_matmul(lhs_list: Sequence[jax.Array], rhs_list: Sequence[jax.Array], *, transpose_rhs: bool = False,
+                   preferred_element_type: jnp.dtype | None = None, precision: lax.PrecisionLike = None,
+                   config: Config | dict | None = None, backend: str | None = None) -> list[jax.Array]:
   """Independent matrix products of different sizes: outs[i] = lhs_list[i] @ rhs_list[i].
 
   Args:
@@ -48,6 +51,8 @@ def grouped_matmul(lhs_list, rhs_list, *, transpose_rhs: bool = False, preferred
     transpose_rhs: the layout of every rhs_i.
     preferred_element_type: the outputs' dtype (float32, bfloat16, float16), default the inputs' dtype;
       products accumulate in float32 either way.
+    precision: as jax.lax.dot's; lax.Precision.HIGHEST (or "highest", F32_F32_F32) makes the Triton kernel
+      multiply float32 inputs exactly instead of on TF32 tensor cores (as jax.default_matmul_precision does).
     config: a jgmm.Config (or a dict of its fields) for the Triton kernel: block_m/block_n/block_k tile every
       problem, num_warps, num_stages, programs_per_sm (the persistent grid); None picks one from the largest
       problem's shape. Other fields do not apply.
@@ -56,10 +61,10 @@ def grouped_matmul(lhs_list, rhs_list, *, transpose_rhs: bool = False, preferred
   Returns:
     A list of P arrays, out_i (M_i, N_i). Any M_i, N_i, K_i may be 0 (K_i = 0 gives zeros).
   """
-  out_dtype, config, backend = validation.check_grouped_matmul(lhs_list, rhs_list, transpose_rhs,
-                                                               preferred_element_type, config, backend)
+  out_dtype, precision, config, backend = validation.check_grouped_matmul(
+      lhs_list, rhs_list, transpose_rhs, preferred_element_type, precision, config, backend)
   return grouped_matmul_p.bind(*lhs_list, *rhs_list, transpose_lhs=False, transpose_rhs=transpose_rhs,
-                               out_dtype=out_dtype, config=config, backend=backend)
+                               out_dtype=out_dtype, precision=precision, config=config, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -83,15 +88,15 @@ grouped_matmul_p.def_impl(lambda *args, **params: dispatch.apply_primitive(group
 
 
 @grouped_matmul_p.def_abstract_eval
-def _abstract_eval(*avals, transpose_lhs, transpose_rhs, out_dtype, config, backend):
-  del config, backend
+def _abstract_eval(*avals, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
+  del precision, config, backend
   return [jax.core.ShapedArray(_problem_shape(a.shape, b.shape, transpose_lhs, transpose_rhs)[:2], out_dtype)
           for a, b in zip(*_split(avals))]
 
 
-def _bind(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, config, backend):
+def _bind(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
   return grouped_matmul_p.bind(*lhs, *rhs, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
-                               out_dtype=out_dtype, config=config, backend=backend)
+                               out_dtype=out_dtype, precision=precision, config=config, backend=backend)
 
 
 def _jvp(primals, tangents, **params):
@@ -107,7 +112,7 @@ def _jvp(primals, tangents, **params):
   return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
 
 
-def _transpose(cts, *operands, transpose_lhs, transpose_rhs, out_dtype, config, backend):
+def _transpose(cts, *operands, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
   """Cotangents of the undefined operands (all lhs_i or all rhs_i that are undefined): one grouped call.
 
     With A_i (M, K), B_i (K, N) the logical operands and dC_i (M, N): dA_i = dC_i B_i^T and dB_i = A_i^T dC_i,
@@ -124,7 +129,7 @@ def _transpose(cts, *operands, transpose_lhs, transpose_rhs, out_dtype, config, 
   dtype = undefined[wanted[0]].aval.dtype
   dc = [ad.instantiate_zeros(cts[i]).astype(dtype) for i in wanted]
   a, b = [lhs[i] for i in wanted], [rhs[i] for i in wanted]
-  call = dict(out_dtype=dtype, config=None, backend=backend)
+  call = dict(out_dtype=dtype, precision=precision, config=None, backend=backend)
   if wanted_lhs:
     grads = (_bind(b, dc, transpose_rhs, True, **call) if transpose_lhs else
              _bind(dc, b, False, not transpose_rhs, **call))
@@ -167,12 +172,12 @@ batching.primitive_batchers[grouped_matmul_p] = _batch
 # Lowerings
 
 
-def _xla(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, config):
+def _xla(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config):
   """One dense dot per problem."""
   del config
   contract = (((0 if transpose_lhs else 1,), (1 if transpose_rhs else 0,)), ((), ()))
-  return [lax.dot_general(a, b, contract, preferred_element_type=out_dtype).astype(out_dtype)
-          for a, b in zip(lhs, rhs)]
+  return [lax.dot_general(a, b, contract, precision=precision and lax.Precision.HIGHEST,
+                          preferred_element_type=out_dtype).astype(out_dtype) for a, b in zip(lhs, rhs)]
 
 
 def _default_config(shapes, dtype, out_dtype, transpose_rhs, device):
@@ -207,7 +212,7 @@ def _power_of_2_dividing(values):
   return min(16, common & -common)
 
 
-def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, config, device):
+def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, precision, config, device):
   """One grouped_matmul_kernel launch over problems with M, N, K >= 1."""
   from jgmm import backend_triton, ffi
   from jgmm.triton_kernels import grouped_matmul as kernels
@@ -224,10 +229,10 @@ def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, config, d
       BLOCK_K=config.block_k, GROUP_M=8, TRANSPOSE_LHS=transpose_lhs, TRANSPOSE_RHS=transpose_rhs,
       M_MULTIPLE=m_multiple, N_MULTIPLE=n_multiple, K_MULTIPLE=k_multiple,
       OFFSET_64=widest_block * max(max(shape) for shape in shapes) >= 2**31,
-      DOT_PRECISION=backend_triton._dot_precision())[0]
+      DOT_PRECISION=backend_triton._dot_precision(precision))[0]
 
 
-def _triton(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, config):
+def _triton(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config):
   """Zeros for the empty problems, the others in launches of at most MAX_PROBLEMS_PER_LAUNCH problems."""
   from jgmm import backend_triton
   shapes = [_problem_shape(a.shape, b.shape, transpose_lhs, transpose_rhs) for a, b in zip(lhs, rhs)]
@@ -237,16 +242,17 @@ def _triton(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, config):
   for start in range(0, len(live), MAX_PROBLEMS_PER_LAUNCH):
     chunk = live[start:start + MAX_PROBLEMS_PER_LAUNCH]
     results = _launch([lhs[p] for p in chunk], [rhs[p] for p in chunk], [shapes[p] for p in chunk], transpose_lhs,
-                      transpose_rhs, out_dtype, config, device)
+                      transpose_rhs, out_dtype, precision, config, device)
     for p, out in zip(chunk, results):
       outs[p] = out
   return outs
 
 
 def _lowering(platform):
-  def run(*operands, transpose_lhs, transpose_rhs, out_dtype, config, backend):
+  def run(*operands, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
     use_triton = backend == "triton" or (backend is None and platform in _TRITON_PLATFORMS)
-    return (_triton if use_triton else _xla)(*_split(operands), transpose_lhs, transpose_rhs, out_dtype, config)
+    return (_triton if use_triton else _xla)(*_split(operands), transpose_lhs, transpose_rhs, out_dtype, precision,
+                                             config)
   return mlir.lower_fun(run, multiple_results=True)
 
 

@@ -4,6 +4,8 @@ Each `check_*` function raises TypeError (wrong kind or dtype) or ValueError (wr
 the argument, what it saw and what it expected, and returns the normalised static arguments.
 """
 import jax.numpy as jnp
+from jax import lax
+from jax._src import core
 
 from jgmm import config as config_lib
 
@@ -41,7 +43,35 @@ def _int_array(name, x, ndim, layout):
 
 def _same_dtype(name, x, other_name, other):
   if x.dtype != other.dtype:
-    raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {_describe(x)}")
+    raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {_describe(x)}; cast one "
+                    f"of them (e.g. {name}.astype({other_name}.dtype): gradients flow back through the cast)")
+
+
+def _static_groups(name, x, axis, layout):
+  if core.is_symbolic_dim(x.shape[axis]):
+    raise ValueError(f"{name} must have a static group count (axis {axis} of {layout}); got shape {tuple(x.shape)} "
+                     "with a symbolic one: export with a concrete number of groups (M, K and N may be symbolic)")
+
+
+def _precision(precision):
+  """"highest" where `precision` asks for exact float32 products, else None (TF32 allowed on NVIDIA GPUs).
+
+  Takes what jax.lax.dot takes: None, a lax.Precision or its name, a pair of them, or a lax.DotAlgorithmPreset."""
+  parts = precision if isinstance(precision, (tuple, list)) else (precision,)
+  exact = False
+  for part in parts:
+    if part is None:
+      continue
+    if isinstance(part, lax.DotAlgorithmPreset):
+      exact |= part == lax.DotAlgorithmPreset.F32_F32_F32
+      continue
+    try:
+      exact |= lax.Precision(part) == lax.Precision.HIGHEST
+    except (ValueError, TypeError):
+      raise ValueError(f"precision must be None, a jax.lax.Precision (or its name: 'default', 'high', 'highest', "
+                       f"'bfloat16', 'tensorfloat32', 'float32'), a pair of them or a lax.DotAlgorithmPreset, got "
+                       f"{precision!r}") from None
+  return "highest" if exact else None
 
 
 def _shape(name, x, expected, layout):
@@ -98,8 +128,8 @@ def _nonneg_int(name, value):
 
 
 def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset,
-              existing_out, activation, config, backend):
-  """Validates gmm's arguments; returns (m, k, n, out_n, out_dtype, config)."""
+              existing_out, activation, precision, config, backend):
+  """Validates gmm's arguments; returns (m, k, n, out_n, out_dtype, precision, config, backend)."""
   _float_array("lhs", lhs, 2, "(M, K)")
   rhs_layout = "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)"
   _float_array("rhs", rhs, 3, rhs_layout)
@@ -107,11 +137,17 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
   m, k = lhs.shape
   num_groups, rhs_k, n = (rhs.shape[0], rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape
   if rhs_k != k:
+    hint = ""
+    if core.definitely_equal(rhs.shape[1] if transpose_rhs else rhs.shape[2], k):  # The other layout matches.
+      hint = ("; for a (G, K, N) rhs leave transpose_rhs=False" if transpose_rhs else
+              "; for a (G, N, K) rhs (rows of each weight are outputs) pass transpose_rhs=True")
     raise ValueError(f"rhs must have K = {k} (lhs is {tuple(lhs.shape)}) in its layout {rhs_layout}, "
-                     f"got shape {tuple(rhs.shape)}")
+                     f"got shape {tuple(rhs.shape)}{hint}")
+  _static_groups("rhs", rhs, 0, rhs_layout)
   if num_groups < 1:
     raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}")
   _int_array("group_sizes", group_sizes, 1, "(G,)")
+  _static_groups("group_sizes", group_sizes, 0, "(G,)")
   _group_offset(group_offset)
   if group_offset is None and group_sizes.shape[0] != num_groups:
     raise ValueError(f"group_sizes must have shape (G,) = ({num_groups},) matching rhs {tuple(rhs.shape)}, "
@@ -133,12 +169,12 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
     _shape("existing_out", existing_out, (m, out_n), "(M, N_out)")
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
-  return m, k, n, out_n, out_dtype, config_lib.as_config(config), _backend(backend)
+  return m, k, n, out_n, out_dtype, _precision(precision), config_lib.as_config(config), _backend(backend)
 
 
 def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset,
-               num_actual_groups, existing_out, bias_grad, config, backend):
-  """Validates tgmm's arguments; returns (m, k, n, num_groups, out_dtype, config, backend)."""
+               num_actual_groups, existing_out, bias_grad, precision, config, backend):
+  """Validates tgmm's arguments; returns (m, k, n, num_groups, out_dtype, precision, config, backend)."""
   lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
   _float_array("lhs", lhs, 2, lhs_layout)
   _float_array("rhs", rhs, 2, "(M, N)")
@@ -149,6 +185,7 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
                      f"got shape {tuple(rhs.shape)}")
   n = rhs.shape[1]
   _int_array("group_sizes", group_sizes, 1, "(G,)")
+  _static_groups("group_sizes", group_sizes, 0, "(G,)")
   total_groups = group_sizes.shape[0]
   if total_groups < 1:
     raise ValueError(f"group_sizes must hold at least one group, got {_describe(group_sizes)}")
@@ -170,14 +207,16 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
   _flag("bias_grad", bias_grad)
-  return m, k, n, num_groups, out_dtype, config_lib.as_config(config), _backend(backend)
+  return (m, k, n, num_groups, out_dtype, _precision(precision), config_lib.as_config(config),
+          _backend(backend))
 
 
-def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, config, backend):
-  """Validates masked_gmm's arguments; returns (out_dtype, config, backend)."""
+def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precision, config, backend):
+  """Validates masked_gmm's arguments; returns (out_dtype, precision, config, backend)."""
   _float_array("x", x, 3, "(G, max_m, K)")
   _float_array("w", w, 3, "(G, N, K)")
   _same_dtype("w", w, "x", x)
+  _static_groups("x", x, 0, "(G, max_m, K)")
   num_groups, _, k = x.shape
   if w.shape[0] != num_groups or w.shape[2] != k:
     raise ValueError(f"w must be (G, N, K) with G = {num_groups} and K = {k} (x is {tuple(x.shape)}), "
@@ -185,11 +224,12 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, config,
   _int_array("masked_m", masked_m, 1, "(G,)")
   _shape("masked_m", masked_m, (num_groups,), "(G,)")
   _nonneg_int("expected_m", expected_m)
-  return _out_dtype(preferred_element_type, x.dtype), config_lib.as_config(config), _backend(backend)
+  return (_out_dtype(preferred_element_type, x.dtype), _precision(precision), config_lib.as_config(config),
+          _backend(backend))
 
 
-def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_type, config, backend):
-  """Validates grouped_matmul's arguments; returns (out_dtype, config, backend)."""
+def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_type, precision, config, backend):
+  """Validates grouped_matmul's arguments; returns (out_dtype, precision, config, backend)."""
   for name, arrays in (("lhs_list", lhs_list), ("rhs_list", rhs_list)):
     if not isinstance(arrays, (list, tuple)):
       raise TypeError(f"{name} must be a list of 2-D arrays, got {type(arrays).__name__}")
@@ -207,4 +247,5 @@ def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_ty
     if rhs_k != lhs.shape[1]:
       raise ValueError(f"rhs_list[{i}] must have K_i = {lhs.shape[1]} (lhs_list[{i}] is {tuple(lhs.shape)}) in its "
                        f"layout {rhs_layout}, got shape {tuple(rhs.shape)}")
-  return (_out_dtype(preferred_element_type, lhs_list[0].dtype), config_lib.as_config(config), _backend(backend))
+  return (_out_dtype(preferred_element_type, lhs_list[0].dtype), _precision(precision), config_lib.as_config(config),
+          _backend(backend))
