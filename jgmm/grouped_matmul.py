@@ -181,12 +181,15 @@ def _xla(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config):
 
 
 def _default_config(shapes, dtype, out_dtype, transpose_rhs, device):
-  """The tuned gmm config of the largest problem's (M, K, N), its tile shrunk to the largest M and N."""
+  """The config gmm would take for the largest problem's (M, K, N) as one group (JGMM_CONFIG, the tuned table or
+  the heuristic), its tile shrunk to the largest M and N."""
   from jgmm import config_table
   from jgmm.triton_kernels import geometry
   max_m, max_n, max_k = (max(s[d] for s in shapes) for d in range(3))
-  config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", dtype.name, max_m, max_k, max_n,
-                               arch=device.arch, out_dtype=out_dtype.name, device_kind=device.kind)
+  key = config_table.make_key("gmm_t" if transpose_rhs else "gmm", dtype.name, out_dtype.name, max_m, max_k, max_n,
+                              1, transpose=transpose_rhs)
+  choice = config_table.select(key, arch=device.arch, device_kind=device.kind)
+  config = choice.config if choice.backend == "triton" else config_table.heuristic_config(key, device.arch)
   return dataclasses.replace(config, block_m=min(config.block_m, max(16, geometry.next_pow2(max_m))),
                              block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))))
 
