@@ -5,7 +5,7 @@
 A script, not a test. Cases (bf16): 8 LoRA-style products (M = K = 4096, N = 16..128 of mixed ranks), 16 prefill
 requests of 37..2048 tokens each times its own (4096, 4096) weight, and the sizes of Triton's grouped-GEMM
 tutorial (one product each of 1024^3, 512^3, 256^3, 128^3; four N^3 products for N = 128..1024). Implementations,
-forward only, timed round-robin with jgmm.bench.time_interleaved:
+forward only, timed round-robin with jgmm.timing.time_interleaved:
   jgmm:        jit(jgmm.grouped_matmul), one kernel launch;
   dot_loop:    a Python loop over a jitted jnp.dot, one dispatch and launch per problem;
   dot_jit:     one jitted function of one jnp.dot per problem (XLA schedules P GEMMs in one program);
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm.bench import time_interleaved
+from jgmm.timing import time_interleaved
 
 
 def _prefill_lengths(count=16, low=37, high=2048, seed=0):
