@@ -20,6 +20,10 @@ pointer param each), and a static int32 table (built at trace time: shapes are s
 problems. Empty problems (M, N or K = 0) never reach the kernel: they are zeros. A launch takes at most
 MAX_PROBLEMS_PER_LAUNCH problems (three 8-byte pointer params each, within CUDA's 4 KiB of kernel
 params); more problems take more launches.
+
+FP8 with scales (not built): add the float8 dtypes to validation.check_grouped_matmul, per-problem scale operands
+to the primitive (passed to the kernel as one more tuple param) and the epilogue multiply the kernel's docstring
+describes; the schedule, the table and the autodiff structure stay as they are.
 """
 import dataclasses
 import math

@@ -248,6 +248,14 @@ class CrossLoweringTest(Base):
       self.assertRegex(kernel.asm["ptx"], r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10")
       self.assertNotIn("ld.global.b16", kernel.asm["ptx"])
 
+  def test_precision_highest_multiplies_float32_exactly(self):
+    a, b = jax.ShapeDtypeStruct((40, 24), jnp.float32), jax.ShapeDtypeStruct((24, 33), jnp.float32)
+    before = set(_compile._cache)
+    self.lower(lambda x, y: jgmm.grouped_matmul([x], [y], precision="highest"), a, b)
+    self.lower(lambda x, y: jgmm.grouped_matmul([x], [y]), a, b)
+    precisions = {dict(key[2])["DOT_PRECISION"] for key in set(_compile._cache) - before}
+    self.assertEqual(precisions, {"ieee", None})
+
   def test_large_counts_split_into_launches(self):
     shapes = [(8, 16, 16)] * (gm.MAX_PROBLEMS_PER_LAUNCH + 3)
     lhs, rhs = ([jax.ShapeDtypeStruct(s, jnp.float16) for s in ss] for ss in zip(*[((m, k), (k, n))
