@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
-from test_triton_kernels import KernelTestBase
+from test_triton_kernels import GPU_TOLERANCE, KernelTestBase
 
 import jgmm
 from jgmm import oracle
@@ -277,13 +277,13 @@ class GpuTest(Base):
               (0, 16, 16), (16, 16, 0), (129, 1000, 2049)]
     lhs, rhs = self.problems(shapes, transpose_rhs, DTYPES[dtype])
     outs = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, transpose_rhs=transpose_rhs))(lhs, rhs)
-    self.assert_products(outs, lhs, rhs, transpose_rhs, TOLERANCE[dtype], DTYPES[dtype])
+    self.assert_products(outs, lhs, rhs, transpose_rhs, GPU_TOLERANCE[dtype], DTYPES[dtype])
 
   def test_64_problems_and_grad(self):
     shapes = [tuple(int(x) for x in self.rng.integers(1, 700, 3)) for _ in range(64)]
     lhs, rhs = self.problems(shapes, False, jnp.bfloat16)
-    self.assert_products(jax.jit(jgmm.grouped_matmul)(lhs, rhs), lhs, rhs, False, TOLERANCE["bf16"])
-    self.check_grads(jgmm.grouped_matmul, lhs, rhs, False, TOLERANCE["bf16"])
+    self.assert_products(jax.jit(jgmm.grouped_matmul)(lhs, rhs), lhs, rhs, False, GPU_TOLERANCE["bf16"])
+    self.check_grads(jgmm.grouped_matmul, lhs, rhs, False, GPU_TOLERANCE["bf16"])
 
   def test_agrees_with_the_xla_backend(self):
     shapes = [(256, 128, 4096), (512, 16, 4096), (300, 64, 4096)]
@@ -291,7 +291,7 @@ class GpuTest(Base):
     triton_outs = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, backend="triton"))(lhs, rhs)
     xla_outs = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, backend="xla"))(lhs, rhs)
     for t, x in zip(triton_outs, xla_outs):
-      self.assertLess(oracle.rel_err(np.asarray(t, np.float32), np.asarray(x, np.float32)), TOLERANCE["bf16"])
+      self.assertLess(oracle.rel_err(np.asarray(t, np.float32), np.asarray(x, np.float32)), GPU_TOLERANCE["bf16"])
 
 
 if __name__ == "__main__":
