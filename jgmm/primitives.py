@@ -90,7 +90,11 @@ def _define(name, abstract_eval):
   def lower(platform):
     def run(*args, present, exporting, **params):
       # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned. Nor is
-      # a call that jax.export serialises (a custom_partitioning call cannot be exported).
+      # a call that jax.export serialises (a custom_partitioning call cannot be exported), which also runs the
+      # portable implementation unless backend="triton" asks otherwise: an exported artifact then holds no
+      # Triton binary built for one GPU model (and jax.export refuses Triton's custom call by default).
+      if exporting and params["backend"] is None:
+        params = dict(params, backend="xla")
       static_shapes = all(core.is_constant_shape(a.shape) for a in args)
       interpreted = (_backend_module(params["backend"], platform, static_shapes) is not backend_xla
                      and platform not in _TRITON_PLATFORMS)

@@ -165,6 +165,7 @@ class XlaTest(Base):
 # CPU: the kernel under Triton's interpreter
 
 
+@absltest.skipIf(ON_GPU, "on a GPU the kernel runs for real (GpuTest)")
 class InterpretedTest(Base):
 
   def setUp(self):

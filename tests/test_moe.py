@@ -31,7 +31,10 @@ except AttributeError:  # jax without the top-level alias.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_DEVICES = 8
 T, H, E, F, TOP_K = 29, 12, 8, 10, 2
-TOL = 2e-5
+ON_GPU = jax.default_backend() == "gpu"
+# float32 products: exact here, TF32 tensor cores on NVIDIA GPUs (relative error ~1e-3).
+TOL = 5e-3 if ON_GPU else 2e-5
+GRAD_TOL = 5e-3 if ON_GPU else 1e-4
 
 
 def _normal(rng, *shape, dtype=jnp.float32):
@@ -252,7 +255,7 @@ class MoeTest(MoeTestBase):
     got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3)))(x, logits, w_gate_up, w_down)
     want = jax.jit(jax.grad(reference, argnums=(0, 1, 2, 3)))(x, logits, w_gate_up, w_down)
     for g, r, name in zip(got, want, ("x", "router_logits", "w_gate_up", "w_down")):
-      self.assert_close(g, r, f"d{name}", 1e-4)
+      self.assert_close(g, r, f"d{name}", GRAD_TOL)
 
   def test_load_balancing_loss(self):
     logits = _normal(self.rng, T, E)
@@ -390,7 +393,7 @@ class ExpertParallelTest(MoeTestBase):
       got = jax.jit(jax.grad(loss(self._sharded(dispatch=dispatch)), argnums=(0, 1, 2, 3)))(*inputs)
     want = jax.jit(jax.grad(loss(lambda *a: moe.moe_mlp(*a, TOP_K)), argnums=(0, 1, 2, 3)))(*inputs)
     for g, r, name in zip(got, want, ("x", "router_logits", "w_gate_up", "w_down")):
-      self.assert_close(g, r, f"d{name}", 1e-4)
+      self.assert_close(g, r, f"d{name}", GRAD_TOL)
 
   def test_shared_experts_and_bias(self):
     inputs = self._inputs(16)
@@ -442,9 +445,9 @@ class ExpertParallelGpuTest(MoeTestBase):
       got = sharded(x, logits, w_gate_up, w_down)
       grads = jax.jit(jax.grad(loss(sharded), argnums=(0, 2)))(x, logits, w_gate_up, w_down)
       want = jax.jit(jax.grad(loss(lambda *a: moe.moe_mlp(*a, TOP_K)), argnums=(0, 2)))(x, logits, w_gate_up, w_down)
-    self.assert_close(got, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "expert parallel on GPUs", 1e-4)
+    self.assert_close(got, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "expert parallel on GPUs", GRAD_TOL)
     for g, r, name in zip(grads, want, ("x", "w_gate_up")):
-      self.assert_close(g, r, f"d{name}", 1e-4)
+      self.assert_close(g, r, f"d{name}", GRAD_TOL)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -468,7 +471,7 @@ class NnxTest(MoeTestBase):
     shared = (layer.shared_gate_up[...], layer.shared_down[...])
     expected = moe_oracle(tokens, logits, oracle.f64(layer.w_gate_up[...]), oracle.f64(layer.w_down[...]), TOP_K,
                           shared=[oracle.f64(w) for w in shared])
-    self.assert_close(out.reshape(-1, H), expected, "nnx.MoEMLP", 1e-4)
+    self.assert_close(out.reshape(-1, H), expected, "nnx.MoEMLP", GRAD_TOL)
     grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     self.assertGreater(float(jnp.abs(grads.w_gate_up[...]).sum()), 0.0)
     self.assertGreater(float(jnp.abs(grads.router[...]).sum()), 0.0)
