@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jgmm import activations, primitives, validation
+from jgmm import activations, fp8, primitives, validation
 from jgmm.config import Config
 
 
@@ -111,12 +111,14 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
 def gmm(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, preferred_element_type=None,
-        group_offset=None, existing_out=None, activation=None, config=None, backend=None):
+        group_offset=None, existing_out=None, activation=None, config=None, backend=None, lhs_scale=None,
+        rhs_scale=None):
   """Grouped matrix multiplication: out[rows of g] = act(lhs[rows of g] @ rhs[g] + bias[g]).
 
   Args:
-    lhs: (M, K) float32, bfloat16 or float16; rows grouped contiguously in group order.
-    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype.
+    lhs: (M, K) float32, bfloat16 or float16, or FP8 (float8_e4m3fn / e4m3fnuz) with lhs_scale; rows grouped
+      contiguously in group order.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs (FP8: the faster layout); lhs's dtype.
     group_sizes: (G_total,) integer rows per group. G_total == G, or >= G with group_offset.
     bias: optional (G, N), added to the float32 accumulator before the activation.
     transpose_rhs: rhs is (G, N, K) and read transposed (no copy).
@@ -129,10 +131,18 @@ def gmm(lhs, rhs, group_sizes, *, bias=None, transpose_rhs=False, preferred_elem
       halves; N_out = N // 2, out = silu(gate) * up).
     config: optional jgmm.Config (or dict of its fields); default from the tuned table.
     backend: None (Triton on GPU, portable elsewhere), "triton" or "xla" (portable pure JAX).
+    lhs_scale, rhs_scale: float32 scales of FP8 lhs and rhs (jgmm.fp8): lhs_scale (M,) per row or
+      (M, cdiv(K, 128)) per 1x128 block; rhs_scale (G, N) per channel or (G, cdiv(N, 128), cdiv(K, 128)) per
+      128x128 block. FP8 output defaults to bfloat16; no bias, existing_out or activation with FP8.
 
   Returns:
     (M, N_out) with N_out = N (N // 2 for swiglu). Rows outside the computed groups are 0 (or existing_out).
   """
+  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+    return fp8.gmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, bias=bias,
+                   transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type,
+                   group_offset=group_offset, existing_out=existing_out, activation=activation, config=config,
+                   backend=backend)
   m, _, _, _, out_dtype, config, backend = validation.check_gmm(
       lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset, existing_out,
       activation, config, backend)
@@ -174,11 +184,13 @@ _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
 def tgmm(lhs, rhs, group_sizes, *, transpose_lhs=False, preferred_element_type=None, group_offset=None,
-         num_actual_groups=None, existing_out=None, bias_grad=False, config=None, backend=None):
+         num_actual_groups=None, existing_out=None, bias_grad=False, config=None, backend=None, lhs_scale=None,
+         rhs_scale=None):
   """Transposed grouped matmul (the weight gradient): out[g] = lhs[:, rows of g] @ rhs[rows of g].
 
   Args:
-    lhs: (K, M), or (M, K) when transpose_lhs (read transposed, no copy); float32/bfloat16/float16.
+    lhs: (K, M), or (M, K) when transpose_lhs (read transposed, no copy); float32/bfloat16/float16, or FP8 with
+      lhs_scale.
     rhs: (M, N), lhs's dtype.
     group_sizes: (G_total,) integer rows per group.
     transpose_lhs: lhs is (M, K).
@@ -188,10 +200,18 @@ def tgmm(lhs, rhs, group_sizes, *, transpose_lhs=False, preferred_element_type=N
     existing_out: optional (G, K, N) of the output dtype, added to the result.
     bias_grad: also return the float32 (G, N) per-group column sums of rhs.
     config, backend: as for gmm.
+    lhs_scale, rhs_scale: float32 scales of FP8 lhs and rhs (jgmm.fp8), per 128 rows of M of each column:
+      lhs_scale (cdiv(M, 128), K) for lhs (M, K) or (K, cdiv(M, 128)) for lhs (K, M); rhs_scale
+      (cdiv(M, 128), N). FP8 output defaults to bfloat16; no existing_out or bias_grad with FP8.
 
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32).
   """
+  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+    return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
+                    preferred_element_type=preferred_element_type, group_offset=group_offset,
+                    num_actual_groups=num_actual_groups, existing_out=existing_out, bias_grad=bias_grad,
+                    config=config, backend=backend)
   m, _, _, num_groups, out_dtype, config, backend = validation.check_tgmm(
       lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset, num_actual_groups,
       existing_out, bias_grad, config, backend)
@@ -226,20 +246,28 @@ def _masked_gmm_bwd(out_dtype, expected_m, config, backend, residuals, dout):
 _masked_gmm.defvjp(_masked_gmm_fwd, _masked_gmm_bwd)
 
 
-def masked_gmm(x, w, masked_m, *, preferred_element_type=None, expected_m=None, config=None, backend=None):
+def masked_gmm(x, w, masked_m, *, preferred_element_type=None, expected_m=None, config=None, backend=None,
+               x_scale=None, w_scale=None):
   """Masked grouped matmul (DeepGEMM style): out[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g].T.
 
   Args:
-    x: (G, max_m, K) float32/bfloat16/float16; rows >= masked_m[g] are ignored.
+    x: (G, max_m, K) float32/bfloat16/float16, or FP8 with x_scale; rows >= masked_m[g] are ignored.
     w: (G, N, K), x's dtype.
     masked_m: (G,) integer valid rows per group, clipped to [0, max_m].
     preferred_element_type: output dtype; default x's dtype.
     expected_m: optional int, the typical masked_m, to choose the tuned config.
     config, backend: as for gmm.
+    x_scale, w_scale: float32 scales of FP8 x and w (jgmm.fp8): x_scale (G, max_m) per row or
+      (G, max_m, cdiv(K, 128)) per 1x128 block; w_scale (G, N) per channel or (G, cdiv(N, 128), cdiv(K, 128))
+      per 128x128 block. FP8 output defaults to bfloat16.
 
   Returns:
     (G, max_m, N); rows >= masked_m[g] are exact zeros.
   """
+  if fp8.requested((x, w), (x_scale, w_scale)):
+    return fp8.masked_gmm(x, w, masked_m, x_scale=x_scale, w_scale=w_scale,
+                          preferred_element_type=preferred_element_type, expected_m=expected_m, config=config,
+                          backend=backend)
   out_dtype, config, backend = validation.check_masked_gmm(x, w, masked_m, preferred_element_type,
                                                            expected_m, config, backend)
   masked_m = jnp.clip(masked_m, 0, x.shape[1]).astype(jnp.int32)
