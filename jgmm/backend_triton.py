@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jgmm import config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
+from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
@@ -243,3 +244,83 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FP8 with scales (jgmm.fp8; kernels in triton_kernels/gmm_fp8.py). Operands are FP8, or float32 holding FP8
+# values under the interpreter (its FP8 dots are not trusted), which runs the same indexing and scaling. A scale
+# of one dimension fewer than its operand is per row / per channel, else per block.
+
+
+def _fp8_config(op, dtype, rows_per_group, k, n, out_dtype, config, device):
+  """The looked-up (or given) config, with block_k at most 128: a K step must stay inside one scale block."""
+  if config is None:
+    config = config_table.lookup(op, dtype.name, rows_per_group, k, n, arch=device.arch, out_dtype=out_dtype.name,
+                                 device_kind=device.kind)
+  return dataclasses.replace(config, block_k=min(config.block_k, fp8_kernels.SCALE_BLOCK.value))
+
+
+def _persistent_grid(tiles, config, device):
+  return (min(tiles, _persistent_programs(config, device) or tiles),)
+
+
+def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
+  """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
+  (G, K, N); rows outside every group are zeros. Scales: backend_xla.gmm_fp8."""
+  m, k = lhs.shape
+  num_groups = rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    return jnp.zeros((0, n), out_dtype)
+  device = _device()
+  config = _fp8_config("gmm_fp8", lhs.dtype, m / num_groups, k, n, out_dtype, config, device)
+  tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.gmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_gmm_fp8",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, RHS_NK=transpose_rhs,
+      LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, DOT_PRECISION=_dot_precision())
+
+
+def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = (x[g] * x_scale[g]) @ (w[g] * w_scale[g]).T on rows < masked_m[g] (clipped to
+  [0, max_m]), exact zeros elsewhere. expected_m (or max_m) picks the tuned config when config is None."""
+  num_groups, max_m, k = x.shape
+  n = w.shape[1]
+  out_dtype = jnp.dtype(out_dtype)
+  if max_m == 0:
+    return jnp.zeros((num_groups, 0, n), out_dtype)
+  device = _device()
+  config = _fp8_config("masked_fp8", x.dtype, expected_m or max_m, k, n, out_dtype, config, device)
+  tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      x, w, masked_m, x_scale, w_scale, max_m, kernel=fp8_kernels.masked_gmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm_fp8",
+      K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      GROUP_M=geometry.GROUP_M, X_BLOCKS=x_scale.ndim == 3, W_BLOCKS=w_scale.ndim == 3,
+      DOT_PRECISION=_dot_precision())
+
+
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
+  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)[rows of g], scales per 128 rows
+  of M (backend_xla.tgmm_fp8); empty groups are exact zeros."""
+  m, n = rhs.shape
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  num_groups = bounds.shape[0] - 1
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    return jnp.zeros((num_groups, k, n), out_dtype)
+  device = _device()
+  config = _fp8_config("tgmm_fp8", lhs.dtype, m / num_groups, k, n, out_dtype, config, device)
+  tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
+      DOT_PRECISION=_dot_precision())

@@ -6,8 +6,9 @@ an H200). GPUs of one architecture can want different configs: on an H100 (less 
 the warp-specialised gmm measured 5-12% slower than gmm_kernel where it is the fastest on an H200.
 
 Table keys are "<op>/<dtype>/r<rows per group>/k<K>/n<N>", each size rounded up to a power of two:
-  op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K));
-  dtype: the input element type, "bf16", "fp16" or "fp32";
+  op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K)), and the
+    FP8 ops with scales (jgmm.fp8) "gmm_fp8", "masked_fp8", "tgmm_fp8" (block_k <= 128: one scale block per step);
+  dtype: the input element type, "bf16", "fp16", "fp32", "fp8e4m3" (float8_e4m3fn) or "fp8e4m3fnuz";
   rows per group: M / G for gmm and tgmm, expected_m (or max_m) for masked.
 Values are Config fields. Meaning of the blocks per op: gmm and masked tile the output (block_m rows x
 block_n columns) and step block_k along K; tgmm tiles its (K, N) output with block_m along K and block_n
@@ -26,7 +27,10 @@ from importlib import resources
 from jgmm.config import Config
 
 _ENV = "JGMM_CONFIG"
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
+                "float8_e4m3fnuz": "fp8e4m3fnuz"}
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1}
+FP8_OPS = ("gmm_fp8", "masked_fp8", "tgmm_fp8")
 # Shared memory a program may use, by architecture (bytes); unknown architectures get the smallest.
 _SHARED_MEMORY = {"sm90": 227 * 1024, "sm80": 163 * 1024, "sm89": 99 * 1024, "sm86": 99 * 1024,
                   "gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -93,7 +97,14 @@ def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
 def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md)."""
-  if op == "tgmm":
+  if op in FP8_OPS:  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroup tiles).
+    if op == "tgmm_fp8":
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=False)
+    elif rows_per_group <= 64:
+      config = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)
+    else:
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False)
+  elif op == "tgmm":
     config = Config(block_m=128, block_n=128 if n <= 128 else 256, block_k=16 if rows_per_group <= 32 else 64,
                     num_warps=8, num_stages=3, tma=False)  # tgmm loads through pointers either way.
   elif rows_per_group <= 16:
@@ -137,5 +148,4 @@ def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, de
     config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
   if measured:
     return config
-  itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}
-  return _fit_shared_memory(op, config, arch, itemsize[dtype], itemsize[out_dtype], swiglu)
+  return _fit_shared_memory(op, config, arch, _ITEMSIZE[dtype], _ITEMSIZE[out_dtype], swiglu)
