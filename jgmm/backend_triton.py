@@ -216,15 +216,10 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
-  """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
-
-  x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
-  typical masked_m, or None for max_m) picks the tuned config when config is None. Tiles wholly past
-  masked_m[g] only write zeros.
-  """
+def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config):
+  """masked_gmm_kernel: out[g] = x[g] @ (w[g].T if transpose_w (w (G, N, K)) else w[g] (w (G, K, N)))."""
   num_groups, max_m, k = x.shape
-  n = w.shape[1]
+  n = w.shape[1] if transpose_w else w.shape[2]
   out_dtype = jnp.dtype(out_dtype)
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
@@ -235,15 +230,62 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)
+  w_view, w_block = ((num_groups, 1, n, k), (1, 1, config.block_n, config.block_k)) if transpose_w else (
+      (num_groups, k, 1, n), (1, config.block_k, 1, config.block_n))
   x_desc, w_desc = _descriptors(use_tma, x.reshape(num_groups * max_m, k), (config.block_m, config.block_k), w,
-                                (num_groups, 1, n, k), (1, 1, config.block_n, config.block_k))
+                                w_view, w_block)
   return ffi.triton_call(
       x, w, x_desc, w_desc, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype),
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(), TRANSPOSE_W=transpose_w)
+
+
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
+
+  x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
+  typical masked_m, or None for max_m) picks the tuned config when config is None. Tiles wholly past
+  masked_m[g] only write zeros.
+  """
+  return _masked(x, w, masked_m, True, out_dtype, expected_m, config)
+
+
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = x[g] @ w[g] on rows < masked_m[g], exact zeros on the others; w (G, K, N).
+
+  masked_gmm's input gradient: dx = masked_gmm_kn(dout, w) reads masked_gmm's w (G, N, K) as this (G, K', N')
+  layout, no transpose materialised."""
+  return _masked(x, w, masked_m, False, out_dtype, expected_m, config)
+
+
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config):
+  """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; lhs (G, max_m, K), rhs (G, max_m, N),
+  masked_m clipped to [0, max_m]; empty groups are exact zeros. masked_gmm's weight gradient:
+  dw = masked_tgmm(dout, x) (G, N, K). The tgmm kernel over the (G * max_m)-row views, group g's rows at
+  g * max_m."""
+  num_groups, max_m, k = lhs.shape
+  n = rhs.shape[2]
+  out_dtype = jnp.dtype(out_dtype)
+  m = num_groups * max_m
+  if m == 0:
+    return jnp.zeros((num_groups, k, n), out_dtype)
+  device = _device()
+  if config is None:
+    config = config_table.lookup("tgmm", lhs.dtype.name, max_m, k, n, arch=device.arch, out_dtype=out_dtype.name,
+                                 device_kind=device.kind)
+  (out, _) = ffi.triton_call(
+      lhs.reshape(m, k), rhs.reshape(m, n), masked_m, masked_m, m, kernel=tgmm_kernels.tgmm_kernel,
+      out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)],
+      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
+                              _persistent_programs(config, device)),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_tgmm",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=True,
+      ACCUMULATE=False, BIAS_GRAD=False, DOT_PRECISION=_dot_precision(), MASKED=True)
+  return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

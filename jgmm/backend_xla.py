@@ -124,12 +124,29 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
+def _valid_rows(x, masked_m):
+  """x (G, max_m, C) with rows >= masked_m[g] zeroed."""
+  row = jnp.arange(x.shape[1])
+  return jnp.where(row[None, :, None] < masked_m[:, None, None], x, 0)
+
+
 def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros elsewhere."""
   del expected_m, config  # One batched dot: the dense layout leaves nothing to tile.
-  out = _dot(x, w, ((2,), (2,)), batch=((0,), (0,)))
-  row = jnp.arange(x.shape[1])
-  return jnp.where(row[None, :, None] < masked_m[:, None, None], out, 0).astype(out_dtype)
+  return _valid_rows(_dot(x, w, ((2,), (2,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
+
+
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = x[g] @ w[g] (w (G, K, N)) on rows < masked_m[g], exact zeros elsewhere."""
+  del expected_m, config
+  return _valid_rows(_dot(x, w, ((2,), (1,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
+
+
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config):
+  """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; empty groups are exact zeros."""
+  del config
+  return _dot(_valid_rows(lhs, masked_m), _valid_rows(rhs, masked_m), ((1,), (1,)), batch=((0,), (0,))).astype(
+      out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------

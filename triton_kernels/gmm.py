@@ -196,12 +196,13 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
 def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr,
                       K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-  """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below.
+                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, TRANSPOSE_W: tl.constexpr = True):
+  """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below; with
+  TRANSPOSE_W False, w is (G, K, N) and out[g] = x[g] @ w[g] (the masked product's input gradient).
 
   Grid (cdiv(MAX_M, BLOCK_M) * cdiv(N, BLOCK_N), G); masked_m is clipped to [0, MAX_M] by the caller.
   With USE_TMA, x_desc is a descriptor over x viewed as (G * MAX_M, K) and w_desc over w viewed as
-  (G, 1, N, K) (gmm_kernel's transposed rhs view); otherwise both are unused.
+  (G, 1, N, K) ((G, K, 1, N) if not TRANSPOSE_W: gmm_kernel's rhs views); otherwise both are unused.
   Tiles wholly past masked_m[g] load nothing and only write zeros.
   """
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -214,4 +215,4 @@ def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr
   else:
     gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc,
              g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
-             True, False, False, "none", False, USE_TMA, DOT_PRECISION)
+             TRANSPOSE_W, False, False, "none", False, USE_TMA, DOT_PRECISION)
