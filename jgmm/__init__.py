@@ -2,9 +2,12 @@
 
 Ops (shapes in each docstring): `gmm`, `tgmm`, `masked_gmm`, and `ragged_dot`, a drop-in replacement for
 `jax.lax.ragged_dot`. Each is a JAX primitive with a custom_vjp, lowered to Triton kernels on GPUs and to a
-portable pure-JAX implementation elsewhere (`backend="xla"` forces it anywhere).
+portable pure-JAX implementation elsewhere (`backend="xla"` forces it anywhere). FP8 operands with scales
+(`jgmm.quantize` makes them; jgmm.fp8 documents them) and `fp8_gmm`, a gmm trained in FP8.
 """
+from jgmm import quantize
 from jgmm.config import Config
+from jgmm.fp8 import fp8_gmm
 from jgmm.ops import gmm, masked_gmm, ragged_dot, tgmm
 
-__all__ = ["Config", "gmm", "masked_gmm", "ragged_dot", "tgmm"]
+__all__ = ["Config", "fp8_gmm", "gmm", "masked_gmm", "quantize", "ragged_dot", "tgmm"]

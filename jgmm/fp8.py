@@ -21,11 +21,16 @@ for lhs (K, M) (`quantize(lhs, "1x128")`); rhs_scale (cdiv(M, 128), N) (`quantiz
 
 Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There are no derivative rules: FP8
 operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.
+
+`fp8_gmm` is that recipe (DeepSeek-V3's): a gmm of bf16/fp32 operands computed in FP8, forward and backward.
 """
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from jgmm import ops, primitives, validation
+from jgmm import ops, primitives, quantize, validation
 
 
 def requested(operands, scales):
@@ -89,3 +94,91 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, pr
   (out,) = _tgmm_p(*ops._vary_alike(lhs, rhs, bounds, lhs_scale, rhs_scale), transpose_lhs=transpose_lhs,
                    out_dtype=out_dtype, config=config, backend=backend)
   return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training recipe
+
+
+class _RecipeStatic(NamedTuple):
+  transpose_rhs: bool
+  out_dtype: jnp.dtype
+  fp8_dtype: jnp.dtype
+  config: object
+  backend: str | None
+
+
+def _weights_nk(rhs, s):
+  """rhs quantised in 128x128 blocks, in the K-major (G, N, K) layout of the forward product."""
+  return quantize.quantize(rhs if s.transpose_rhs else jnp.swapaxes(rhs, 1, 2), "128x128", s.fp8_dtype)
+
+
+def _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s):
+  lhs_q, lhs_scale = quantize.quantize(lhs, "1x128", s.fp8_dtype)
+  return gmm(lhs_q, rhs_q, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_rhs=True,
+             preferred_element_type=s.out_dtype, group_offset=group_offset, config=s.config, backend=s.backend)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _fp8_gmm(lhs, rhs, group_sizes, group_offset, s):
+  return _forward(lhs, *_weights_nk(rhs, s), group_sizes, group_offset, s)
+
+
+def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
+  rhs_q, rhs_scale = _weights_nk(rhs, s)
+  out = _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s)
+  return out, (lhs, rhs_q, rhs_scale, group_sizes, group_offset)
+
+
+def _fp8_gmm_bwd(s, residuals, dout):
+  lhs, rhs_q, rhs_scale, group_sizes, group_offset = residuals
+  common = dict(group_offset=group_offset, backend=s.backend)
+  # dlhs = dout @ rhs[g]^T: dout 1x128 along N; the forward's FP8 weights transposed to (G, K, N), K-major for
+  # this product (contracting N), with the same 128x128 blocks (their scales transposed).
+  dout_q, dout_scale = quantize.quantize(dout, "1x128", s.fp8_dtype)
+  dlhs = gmm(dout_q, jnp.swapaxes(rhs_q, 1, 2), group_sizes, lhs_scale=dout_scale,
+             rhs_scale=jnp.swapaxes(rhs_scale, 1, 2), transpose_rhs=True, preferred_element_type=lhs.dtype, **common)
+  # drhs = lhs[rows]^T @ dout[rows] per group: both quantised per 128 rows of M (tgmm's recipe).
+  lhs_t, lhs_t_scale = quantize.quantize(lhs, "128x1", s.fp8_dtype)
+  dout_t, dout_t_scale = quantize.quantize(dout, "128x1", s.fp8_dtype)
+  a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if s.transpose_rhs else
+                            (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
+  drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_lhs=True,
+              preferred_element_type=lhs.dtype, num_actual_groups=rhs_q.shape[0], **common)
+  return dlhs, drhs, None, None
+
+
+_fp8_gmm.defvjp(_fp8_gmm_fwd, _fp8_gmm_bwd)
+
+
+def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
+            preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn, config=None,
+            backend: str | None = None) -> jax.Array:
+  """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
+
+  Forward: lhs quantised per 1x128 block, rhs per 128x128 block (in the K-major (G, N, K) layout), one FP8 gmm.
+  Backward: dout quantised per 1x128 block; dlhs = dout @ rhs[g]^T by an FP8 gmm on the forward's FP8 weights
+  transposed; drhs by an FP8 tgmm of lhs and dout quantised per 128 rows of M (jgmm.fp8's tgmm recipe). The
+  gradients are those of the quantised products (a recipe, not the exact derivative of the FP8 forward).
+
+  Args:
+    lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype.
+    group_sizes: (G_total,) integer rows per group (G_total == G, or > G with group_offset).
+    preferred_element_type: output dtype; default lhs's dtype.
+    group_offset: optional int or int array, first local group (expert sharding), as for gmm.
+    fp8_dtype: float8_e4m3fn (NVIDIA) or float8_e4m3fnuz (ROCm).
+    config, backend: as for gmm (config applies to the forward product).
+
+  Returns:
+    (M, N); rows outside the computed groups are 0.
+  """
+  # The checks of the bf16 product validate every argument (shapes, dtypes, groups) at trace time.
+  _, _, _, _, out_dtype, config, backend = validation.check_gmm(
+      lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, config, backend)
+  fp8_dtype = jnp.dtype(fp8_dtype)
+  if fp8_dtype not in validation.FP8_DTYPES:
+    raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")
+  s = _RecipeStatic(transpose_rhs, out_dtype, fp8_dtype, config, backend)
+  offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
+  return _fp8_gmm(lhs, rhs, group_sizes, offset, s)
