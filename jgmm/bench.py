@@ -1,6 +1,6 @@
 """Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs and torch._grouped_mm.
 
-    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune]
+    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune] [--fp8]
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (jax.value_and_grad of a scalar loss; torch autograd) side by side in one
@@ -16,6 +16,9 @@ is timed by a single warm call where one takes more than --ragged-cap seconds.
 d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: the table this GPU reads with the fastest
 configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and
 lessons of each kernel version: docs/perf-notes.md.
+
+--fp8 runs the FP8 section instead (jgmm.bench_fp8: DeepGEMM's cases, torch's FP8 peers; --cases filters its
+case names).
 """
 import argparse
 import dataclasses
@@ -348,10 +351,16 @@ def main(argv=None):
                       help="sweep configs; write tuned.json: this GPU's table updated with the fastest")
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
+  parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
   args = parser.parse_args(argv)
   if jax.devices()[0].platform != "gpu":
     sys.exit("jgmm.bench needs a GPU")
   os.makedirs(args.out, exist_ok=True)
+  if args.fp8:
+    from jgmm import bench_fp8  # Imports jgmm.bench: a cycle resolved at call time.
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
+    bench_fp8.run(args.out, args.cases)
+    return
   cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
   device = jax.devices()[0]
   print(f"device: {device.device_kind}, jax {jax.__version__}", flush=True)
