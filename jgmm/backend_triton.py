@@ -306,6 +306,17 @@ def _persistent_grid(tiles, config, device):
   return (min(tiles, _persistent_programs(config, device) or tiles),)
 
 
+def _fp8_descriptors(lhs_rows, rhs, rhs_nk, config, device, out_dtype):
+  """(use_tma, lhs_desc, rhs_desc) of an FP8 kernel: descriptors over lhs_rows (rows, K) and rhs (G, N, K) if
+  rhs_nk else (G, K, N) where config, device and strides allow TMA, else the arrays (unused by the kernel)."""
+  k, n = lhs_rows.shape[1], rhs.shape[1] if rhs_nk else rhs.shape[2]
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
+      lhs_rows.shape[0], k, n, lhs_rows.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
+      config.block_k)
+  rhs_block = (1, config.block_n, config.block_k) if rhs_nk else (1, config.block_k, config.block_n)
+  return (use_tma, *_descriptors(use_tma, lhs_rows, (config.block_m, config.block_k), rhs, rhs.shape, rhs_block))
+
+
 def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
   """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
   (G, K, N); rows outside every group are zeros. Scales: backend_xla.gmm_fp8."""
@@ -318,13 +329,15 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   device = _device()
   config = _fp8_config("gmm_fp8", lhs.dtype, m / num_groups, k, n, out_dtype, config, device)
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
+  use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
   return ffi.triton_call(
-      lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.gmm_fp8_kernel,
+      lhs, rhs, lhs_desc, rhs_desc, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.gmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_gmm_fp8",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, RHS_NK=transpose_rhs,
-      LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, DOT_PRECISION=_dot_precision())
+      LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, USE_TMA=use_tma,
+      DOT_PRECISION=_dot_precision())
 
 
 def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
@@ -338,12 +351,13 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   device = _device()
   config = _fp8_config("masked_fp8", x.dtype, expected_m or max_m, k, n, out_dtype, config, device)
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
+  use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(
-      x, w, masked_m, x_scale, w_scale, max_m, kernel=fp8_kernels.masked_gmm_fp8_kernel,
+      x, w, x_desc, w_desc, masked_m, x_scale, w_scale, max_m, kernel=fp8_kernels.masked_gmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm_fp8",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, X_BLOCKS=x_scale.ndim == 3, W_BLOCKS=w_scale.ndim == 3,
+      GROUP_M=geometry.GROUP_M, X_BLOCKS=x_scale.ndim == 3, W_BLOCKS=w_scale.ndim == 3, USE_TMA=use_tma,
       DOT_PRECISION=_dot_precision())
 
 

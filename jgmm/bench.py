@@ -18,7 +18,7 @@ configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_
 lessons of each kernel version: docs/perf-notes.md.
 
 --fp8 runs the FP8 section instead (jgmm.bench_fp8: DeepGEMM's cases, torch's FP8 peers; --cases filters its
-case names).
+case names; --tune sweeps the FP8 kernels' configs first).
 """
 import argparse
 import dataclasses
@@ -359,7 +359,7 @@ def main(argv=None):
   if args.fp8:
     from jgmm import bench_fp8  # Imports jgmm.bench: a cycle resolved at call time.
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
-    bench_fp8.run(args.out, args.cases)
+    bench_fp8.run(args.out, args.cases, args.tune)
     return
   cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
   device = jax.devices()[0]

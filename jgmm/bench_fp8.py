@@ -8,7 +8,11 @@ round-robin in one process (bench.time_interleaved): jgmm FP8 with DeepSeek-V3 b
 accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
 The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES.
+
+With --tune, each case's FP8 kernel (1x128 / 128x128) is first timed with every config of FP8_CANDIDATES; the
+fastest per table key goes to out_dir/tuned_fp8.json (entries for configs/<arch>-<model>.json).
 """
+import dataclasses
 import json
 import os
 import statistics
@@ -18,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import bench, quantize
+from jgmm import bench, config_table, quantize
+from jgmm.config import Config
 
 MASKED_CASES = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]  # (G, expected_m)
 CONTIGUOUS_CASES = [(4, 8192), (8, 4096)]  # (G, rows per group)
@@ -32,6 +37,18 @@ DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168
 RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
 
 
+FP8_CANDIDATES = [
+    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False),
+    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=True),
+    Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4, tma=True),
+    Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=True),
+    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False),
+    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=True),
+    Config(block_m=64, block_n=256, block_k=128, num_warps=4, num_stages=4, tma=True),
+    Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=6, tma=True),
+]
+
+
 def _round_up(x, multiple):
   return -(-x // multiple) * multiple
 
@@ -39,6 +56,39 @@ def _round_up(x, multiple):
 def _masked_m(g, expected_m, seed=0):
   rng = np.random.default_rng(seed)
   return rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
+
+
+def tune_case(layout, g, rows, n, k):
+  """{table key: fields of the fastest of FP8_CANDIDATES} for one case's FP8 kernel (1x128 / 128x128 scales)."""
+  k1, k2 = jax.random.split(jax.random.key(0))
+  wq, ws = quantize.quantize(jax.random.normal(k2, (g, n, k), jnp.bfloat16), "128x128")
+  if layout == "masked":
+    max_m = _round_up(int(1.3 * rows) + 1, 128)
+    xq, xs = quantize.quantize(jax.random.normal(k1, (g, max_m, k), jnp.bfloat16), "1x128")
+    groups = jnp.asarray(_masked_m(g, rows))
+    run = lambda config: jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(
+        xq, wq, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config))
+    key = config_table.table_key("masked_fp8", "float8_e4m3fn", rows, k, n)
+  else:
+    xq, xs = quantize.quantize(jax.random.normal(k1, (g * rows, k), jnp.bfloat16), "1x128")
+    groups = jnp.full((g,), rows, jnp.int32)
+    run = lambda config: jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(
+        xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config))
+    key = config_table.table_key("gmm_fp8", "float8_e4m3fn", rows, k, n)
+  timings = {}
+  for i, config in enumerate(FP8_CANDIDATES):
+    fn = run(config)
+    try:
+      timings[i] = bench.time_ms(lambda: fn(xq, xs, wq, ws, groups), bench._jax_sync, min_batch_s=0.02, batches=5)
+    except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is skipped
+      print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+      continue
+    print(f"  {key} {timings[i]:.3f} ms {config}", flush=True)
+  if not timings:
+    return {}
+  best = min(timings, key=timings.get)
+  print(f"  best {key}: {timings[best]:.3f} ms {FP8_CANDIDATES[best]}", flush=True)
+  return {key: dataclasses.asdict(FP8_CANDIDATES[best])}
 
 
 def _jax_masked(x, w, masked_m, expected_m):
@@ -173,11 +223,11 @@ def _print(results, recipe):
     print(f"recipe speedup geomean: {statistics.geometric_mean([r['speedup'] for r in recipe]):.2f}x")
 
 
-def run(out_dir, cases=""):
+def run(out_dir, cases="", tune=False):
   """The FP8 section: every case (or the names in `cases`, e.g. "masked-1x1024-4096-7168,recipe"), printed and
-  written to out_dir/bench_fp8.json."""
+  written to out_dir/bench_fp8.json; with tune, the config sweep first (out_dir/tuned_fp8.json)."""
   wanted = set(filter(None, cases.split(",")))
-  results = []
+  results, tuned = [], {}
   for layout, grid in (("masked", MASKED_CASES), ("contiguous", CONTIGUOUS_CASES)):
     for g, rows in grid:
       for n, k in SHAPES:
@@ -186,6 +236,10 @@ def run(out_dir, cases=""):
           continue
         print(f"benchmarking {name}", flush=True)
         try:
+          if tune:
+            tuned.update(tune_case(layout, g, rows, n, k))
+            with open(os.path.join(out_dir, "tuned_fp8.json"), "w") as f:
+              json.dump({"entries": tuned}, f, indent=1, sort_keys=True)
           results.append(bench_fp8_case(layout, g, rows, n, k))
         except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
           print(f"  {name}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -6,8 +6,8 @@ output first, so an element the kernel forgets fails. Cross-lowering for sm_90 w
 they compile to Hopper's FP8 wgmma. GPU (skipped without one): FP8 against the dequantised oracle and
 DeepGEMM's criterion against the bf16 product, through the public API.
 """
+import dataclasses
 import os
-import re
 import secrets
 from unittest import mock
 
@@ -19,7 +19,7 @@ from absl.testing import absltest, parameterized
 import jgmm
 from jgmm import backend_triton, oracle, quantize
 from jgmm.config import Config
-from jgmm.ffi import _compile
+from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm_fp8
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
@@ -89,15 +89,18 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     os.environ.pop("JGMM_TARGET", None)
 
   @parameterized.parameters(
-      (1, RECIPES[0], True), (7, RECIPES[1], False), (129, RECIPES[1], True), (129, RECIPES[2], False),
-      (200, RECIPES[3], True))
-  def test_gmm(self, k, recipes, transpose_rhs):
+      (1, RECIPES[0], True, False), (7, RECIPES[1], False, False), (129, RECIPES[1], True, False),
+      (129, RECIPES[2], False, False), (200, RECIPES[3], True, False), (160, RECIPES[1], True, True),
+      (96, RECIPES[2], False, True))
+  def test_gmm(self, k, recipes, transpose_rhs, tma):
+    """tma: tensor-descriptor loads (K a multiple of 16 for TMA's 16-byte strides in FP8)."""
     m, n, groups = 45, 136, 3  # N over one 128-column scale block, tiles across group boundaries
     lhs, lhs_scale = self.quantized((m, k), recipes[0], jnp.float32)
     rhs_nk, rhs_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
     rhs = rhs_nk if transpose_rhs else jnp.swapaxes(rhs_nk, 1, 2)
     bounds = np.array([3, 20, 20, 40], np.int32)  # rows 0-2 and 40-44 in no group (zeros), an empty group
-    out = run_gmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs)
+    out = run_gmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
+                  config=dataclasses.replace(SMALL, tma=tma))
     sizes, offset = groups_of(bounds)
     want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
                       transpose_rhs=True, group_offset=offset)
@@ -105,13 +108,14 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     np.testing.assert_array_equal(out[:3], 0.0)
     np.testing.assert_array_equal(out[40:], 0.0)
 
-  @parameterized.parameters((7, RECIPES[0]), (129, RECIPES[1]), (33, RECIPES[2]))
-  def test_masked(self, k, recipes):
+  @parameterized.parameters((7, RECIPES[0], False), (129, RECIPES[1], False), (33, RECIPES[2], False),
+                            (144, RECIPES[1], True), (32, RECIPES[0], True))
+  def test_masked(self, k, recipes, tma):
     groups, max_m, n = 5, 37, 140
     x, x_scale = self.quantized((groups, max_m, k), recipes[0], jnp.float32)
     w, w_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
     masked_m = np.array([0, max_m, 1, 17, 33], np.int32)
-    out = run_masked(x, w, masked_m, x_scale, w_scale)
+    out = run_masked(x, w, masked_m, x_scale, w_scale, config=dataclasses.replace(SMALL, tma=tma))
     want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(out[0], 0.0)
@@ -150,14 +154,18 @@ class InterpretedFp8Test(Fp8KernelTestBase):
                  "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
 class Fp8CrossLoweringTest(parameterized.TestCase):
 
-  def ptx(self, fn, *args):
-    """The PTX of every kernel fn compiles for sm_90."""
+  def ptx(self, fn, *args, tma=False):
+    """The PTX of every kernel fn compiles for sm_90; with tma (and a jaxlib that builds host TMA descriptors) each
+    takes its two operands through tensor descriptors."""
     with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
         mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
       text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     self.assertIn("triton_kernel_call", text)
     signatures = [dict(c.args[1]) for c in compile_kernel.call_args_list]
     self.assertNotEmpty(signatures)
+    descriptors = 2 if tma and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")) else 0
+    for signature in signatures:
+      self.assertEqual(sum(str(t).startswith("tensordesc<fp8e4nv") for t in signature.values()), descriptors)
     return [c.asm["ptx"] for key, c in _compile._cache.items() if dict(key[1]) in signatures]
 
   def assert_fp8_wgmma(self, ptxs):
@@ -165,23 +173,25 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
       self.assertIn(".target sm_90a", ptx)
       self.assertRegex(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3")
 
-  @parameterized.product(transpose_rhs=(True, False), recipes=(RECIPES[0], RECIPES[1]))
-  def test_gmm(self, transpose_rhs, recipes):
+  @parameterized.product(transpose_rhs=(True, False), recipes=(RECIPES[0], RECIPES[1]), tma=(False, True))
+  def test_gmm(self, transpose_rhs, recipes, tma):
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
     m, k, n, g = 8192, 7168, 4096, 8
     rhs_scale = s((g, n) if recipes[1] == "row" else (g, 32, 56), jnp.float32)
-    fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=transpose_rhs, out_dtype=jnp.bfloat16, config=None)
+    config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=tma)
+    fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=transpose_rhs, out_dtype=jnp.bfloat16, config=config)
     self.assert_fp8_wgmma(self.ptx(
         fn, s((m, k), f8), s((g, n, k) if transpose_rhs else (g, k, n), f8), s((g + 1,), jnp.int32),
-        s((m,) if recipes[0] == "row" else (m, 56), jnp.float32), rhs_scale))
+        s((m,) if recipes[0] == "row" else (m, 56), jnp.float32), rhs_scale, tma=tma))
 
-  @parameterized.parameters(16, 256)
-  def test_masked(self, expected_m):
+  @parameterized.parameters((16, None), (256, None), (256, Config(block_m=128, block_n=128, block_k=128, tma=True)))
+  def test_masked(self, expected_m, config):
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
     g, max_m, k, n = 4, 1024, 7168, 4096
-    fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=expected_m, config=None)
+    fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=expected_m, config=config)
     self.assert_fp8_wgmma(self.ptx(fn, s((g, max_m, k), f8), s((g, n, k), f8), s((g,), jnp.int32),
-                                   s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32)))
+                                   s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
+                                   tma=config is not None))
 
   @parameterized.parameters(True, False)
   def test_tgmm(self, transpose_lhs):

@@ -14,7 +14,10 @@ tgmm's scales run along M, per 128 rows on the global grid of M: lhs (MB, K) (lh
 rhs (MB, N), MB = cdiv(M, 128); its steps of BLOCK_K rows are aligned to that grid (a step's first row is a multiple
 of BLOCK_K), so each step lies in one scale block.
 
-Loads are masked pointer loads; offsets are int64 wherever a product can pass 2^31 (a 64-bit base per tile, int32
+Loads: USE_TMA, operand tiles come through host-side tensor descriptors (Hopper TMA): lhs_desc over lhs viewed as
+(rows, K), rhs_desc over rhs (G, N, K) or (G, K, N) (zero padding past each group's K and N); a tile's rows past its
+group read other rows, which only feed output rows that are zeroed or not stored. Otherwise masked pointer loads, and
+lhs_desc / rhs_desc are unused. Offsets are int64 wherever a product can pass 2^31 (a 64-bit base per tile, int32
 offsets within it where they fit).
 """
 import triton
@@ -27,9 +30,10 @@ SCALE_BLOCK = tl.constexpr(128)  # Elements per scale block along K (and along M
 
 
 @triton.jit
-def _fp8_tile(lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, tile_row0, m_valid, store_rows, n0,
-              K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              RHS_NK: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, tile_row0, m_valid,
+              store_rows, n0, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, RHS_NK: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr,
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """out[tile_row0 + i, n0 + j] = sum_k lhs[.., k] rhs[g][k, ..] scaled, for rows i < m_valid; rows in
   [m_valid, store_rows) get zeros, rows past store_rows are not written. tile_row0 int64; rhs (G, N, K) if
   RHS_NK else (G, K, N)."""
@@ -64,9 +68,16 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, tile_r
 
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   for k0 in range(0, K, BLOCK_K):
-    k_mask = ks < K - k0
-    a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-    b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+    if USE_TMA:
+      a = lhs_desc.load([tile_row0.to(tl.int32), k0])
+      if RHS_NK:
+        b = rhs_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+      else:
+        b = rhs_desc.load([g, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+    else:
+      k_mask = ks < K - k0
+      a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+      b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
     if LHS_BLOCKS or RHS_BLOCKS:
       product = tl.dot(a, b, input_precision=DOT_PRECISION)
       kb = k0 // SCALE_BLOCK
@@ -88,10 +99,10 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, tile_r
 
 
 @triton.jit
-def gmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
+def gmm_fp8_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                    K: tl.constexpr, N: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   RHS_NK: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr,
+                   RHS_NK: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr, USE_TMA: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
   """out (M, N): rows of group g (bounds (G + 1,) int32: [bounds[g], bounds[g + 1])) = lhs rows @ rhs[g], scaled;
   rows outside every group are zeros.
@@ -123,9 +134,9 @@ def gmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M
       first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
       mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
       m_left = m_g - mi * BLOCK_M
-      _fp8_tile(lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, row_start.to(tl.int64) + mi * BLOCK_M,
-                m_left, m_left, ni * BLOCK_N, K, N, BLOCK_M, BLOCK_N, BLOCK_K, RHS_NK, LHS_BLOCKS, RHS_BLOCKS,
-                DOT_PRECISION)
+      _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g,
+                row_start.to(tl.int64) + mi * BLOCK_M, m_left, m_left, ni * BLOCK_N, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                RHS_NK, LHS_BLOCKS, RHS_BLOCKS, USE_TMA, DOT_PRECISION)
     else:
       z = tile - num_tiles
       if z < head_tiles:
@@ -138,11 +149,11 @@ def gmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M
 
 
 @triton.jit
-def masked_gmm_fp8_kernel(x_ptr, w_ptr, masked_m_ptr, x_scale_ptr, w_scale_ptr, MAX_M, out_ptr,
+def masked_gmm_fp8_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, x_scale_ptr, w_scale_ptr, MAX_M, out_ptr,
                           K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, X_BLOCKS: tl.constexpr, W_BLOCKS: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr):
+                          USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)), scaled, on rows < masked_m[g] (clipped to
   [0, MAX_M] by the caller); zeros below. Persistent over G x row tiles x column tiles, group by group; tiles
   wholly past masked_m[g] load nothing and only write zeros. x and its scales are read as (G * MAX_M, ...)."""
@@ -158,9 +169,9 @@ def masked_gmm_fp8_kernel(x_ptr, w_ptr, masked_m_ptr, x_scale_ptr, w_scale_ptr, 
     if mi * BLOCK_M >= m_g:
       _zero_tile(out_ptr, row0, row0 + MAX_M - mi * BLOCK_M, ni * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
     else:
-      _fp8_tile(x_ptr, w_ptr, x_scale_ptr, w_scale_ptr, out_ptr, g, row0, m_g - mi * BLOCK_M,
+      _fp8_tile(x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, out_ptr, g, row0, m_g - mi * BLOCK_M,
                 MAX_M - mi * BLOCK_M, ni * BLOCK_N, K, N, BLOCK_M, BLOCK_N, BLOCK_K, True, X_BLOCKS, W_BLOCKS,
-                DOT_PRECISION)
+                USE_TMA, DOT_PRECISION)
 
 
 @triton.jit
