@@ -123,6 +123,25 @@ class Fp8OpsTest(Fp8TestBase):
     out = jgmm.masked_gmm(xq, wq, jnp.asarray(masked_m), x_scale=xs, w_scale=ws, backend=self.backend)
     self.assertLess(deepgemm_diff(out, oracle.masked_gmm(x, w, masked_m)), 1e-3)
 
+  def test_nonfinite_and_zero_scales(self):
+    """A NaN, inf or zero scale gives what IEEE arithmetic on q * scale gives, in its own rows only; rows past
+    masked_m stay exact zeros whatever their scales."""
+    groups, max_m, n, k = 2, 8, 16, 40
+    x, x_scale = self.quantized((groups, max_m, k), "row")
+    w, w_scale = self.quantized((groups, n, k), "row")
+    x_scale = x_scale.at[0, 1].set(jnp.nan).at[0, 2].set(jnp.inf).at[0, 3].set(0.0).at[1, 6].set(jnp.nan)
+    masked_m = np.array([8, 5], np.int32)
+    out = np.asarray(jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale,
+                                     preferred_element_type=jnp.float32, backend=self.backend))
+    self.assertTrue(np.isnan(out[0, 1]).all())
+    self.assertTrue(np.isinf(out[0, 2]).all() or np.isnan(out[0, 2]).any())
+    np.testing.assert_array_equal(out[0, 3], 0.0)
+    np.testing.assert_array_equal(out[1, 5:], 0.0)  # The NaN scale of row 6 is past masked_m.
+    finite = [0, 4, 5, 6, 7]
+    want = oracle.masked_gmm(dequantized(x, x_scale, "row"), dequantized(w, w_scale, "row"), masked_m)
+    self.assert_close(out[0, finite], want[0, finite])
+    self.assert_close(out[1, :5], want[1, :5])
+
   def test_jit_and_vmap(self):
     groups, max_m, n, k = 3, 8, 16, 40
     x, x_scale = self.quantized((2, groups, max_m, k), "1x128")

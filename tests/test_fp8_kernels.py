@@ -135,6 +135,24 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(out[0], 0.0)
 
+  @parameterized.parameters((RECIPES[0],), (RECIPES[1],))
+  def test_nan_scales_stay_in_their_rows(self, recipes):
+    """NaN scales of valid rows give NaN rows; those of rows past masked_m (or of rows outside every group) never
+    reach the output, which is exact zeros there."""
+    groups, max_m, n, k = 2, 20, 24, 130
+    x, x_scale = self.quantized((groups, max_m, k), recipes[0], jnp.float32)
+    w, w_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
+    x_scale = x_scale.at[0, 3].set(jnp.nan).at[1, 12:].set(jnp.nan)
+    out = np.asarray(run_masked(x, w, np.array([20, 12], np.int32), x_scale, w_scale))
+    self.assertTrue(np.isnan(out[0, 3]).all())
+    np.testing.assert_array_equal(out[1, 12:], 0.0)
+    self.assertFalse(np.isnan(np.delete(out[0], 3, axis=0)).any())
+    lhs, lhs_scale = x.reshape(-1, k), x_scale.reshape(-1, *x_scale.shape[2:])
+    out = np.asarray(run_gmm(lhs, w, np.array([0, 20, 32], np.int32), lhs_scale, w_scale, transpose_rhs=True))
+    self.assertTrue(np.isnan(out[3]).all())
+    np.testing.assert_array_equal(out[32:], 0.0)  # Rows 32-39 (NaN scales) are in no group.
+    self.assertFalse(np.isnan(np.delete(out, 3, axis=0)).any())
+
   def test_public_api_on_the_interpreter(self):
     """jgmm.masked_gmm(backend="triton") with FP8 operands reaches the kernel (float32 dots there: the check
     is only that the call is wired, so a loose tolerance)."""
@@ -255,6 +273,28 @@ class GpuFp8Test(Fp8KernelTestBase):
                           transpose_lhs=True)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
+
+  @parameterized.product(transpose_rhs=(True, False), recipes=RECIPES[:2], block_m=(64, 128))
+  def test_tma(self, transpose_rhs, recipes, block_m):
+    """Tensor-descriptor loads: tiles past a group's rows, N past the last column block, K past the last block."""
+    m, k, n, groups = 1000, 2064, 1040, 5
+    config = Config(block_m=block_m, block_n=128, block_k=128, num_warps=8 if block_m == 128 else 4, num_stages=4,
+                    tma=True)
+    lhs, lhs_scale = self.quantized((m, k), recipes[0])
+    rhs_nk, rhs_scale = self.quantized((groups, n, k), recipes[1])
+    rhs = rhs_nk if transpose_rhs else jnp.swapaxes(rhs_nk, 1, 2)
+    sizes = np.array([300, 0, 177, 400, 100], np.int32)
+    out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
+                   transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, config=config)
+    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
+                      transpose_rhs=True)
+    self.assert_close(out, want, 1e-5, "gmm")
+    x, x_scale = self.quantized((groups, 200, k), recipes[0])
+    masked_m = np.array([0, 200, 1, 129, 64], np.int32)
+    out = jgmm.masked_gmm(x, rhs_nk, jnp.asarray(masked_m), x_scale=x_scale, w_scale=rhs_scale,
+                          preferred_element_type=jnp.float32, config=config)
+    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), masked_m)
+    self.assert_close(out, want, 1e-5, "masked")
 
   @parameterized.parameters((4096, 7168), (7168, 2048))
   def test_deepgemm_criterion(self, n, k):

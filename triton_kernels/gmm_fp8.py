@@ -79,13 +79,15 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr
       a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
       b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
     if LHS_BLOCKS or RHS_BLOCKS:
-      product = tl.dot(a, b, input_precision=DOT_PRECISION)
       kb = k0 // SCALE_BLOCK
-      if LHS_BLOCKS:
-        product *= tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None]
-      if RHS_BLOCKS:
-        product *= tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :]
-      acc += product
+      if LHS_BLOCKS and RHS_BLOCKS:
+        scale = (tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None] *
+                 tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :])
+      elif LHS_BLOCKS:
+        scale = tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None]
+      else:
+        scale = tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :]
+      acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale  # One FMA per element (FP fusion).
     else:
       acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     a_ptr += BLOCK_K
