@@ -98,11 +98,11 @@ def _persistent_programs(config, device):
   return config.programs_per_sm * device.num_sms if config.persistent else None
 
 
-def _dot_precision():
-  """Triton's input_precision for float32 products: IEEE float32 under
+def _dot_precision(precision):
+  """Triton's input_precision for float32 products: IEEE float32 for precision "highest" or under
   jax.default_matmul_precision("float32"/"highest"), else Triton's default (TF32 tensor cores on NVIDIA)."""
-  precision = jax.config.jax_default_matmul_precision
-  return "ieee" if precision in ("float32", "highest") else None
+  default = jax.config.jax_default_matmul_precision
+  return "ieee" if precision == "highest" or default in ("float32", "highest") else None
 
 
 def _device():
@@ -127,7 +127,7 @@ def _device():
 
 
 def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation, save_preactivation,
-        config):
+        config, precision=None):
   """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out), per group g.
 
   lhs (M, K); rhs (G, K, N), or (G, N, K) if transpose_rhs; bounds int32 (G + 1,), sanitised: rows of
@@ -178,11 +178,11 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision())
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))
   return (out, h) if save_preactivation else out
 
 
-def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config, precision=None):
   """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out[g]).
 
   lhs (K, M), or (M, K) read transposed if transpose_lhs; rhs (M, N); bounds int32 (G + 1,), sanitised;
@@ -212,11 +212,11 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision())
+      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
 
 
-def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config):
+def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precision):
   """masked_gmm_kernel: out[g] = x[g] @ (w[g].T if transpose_w (w (G, N, K)) else w[g] (w (G, K, N)))."""
   num_groups, max_m, k = x.shape
   n = w.shape[1] if transpose_w else w.shape[2]
@@ -240,28 +240,28 @@ def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config):
       grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(), TRANSPOSE_W=transpose_w)
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision), TRANSPOSE_W=transpose_w)
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
 
   x (G, max_m, K); w (G, N, K); masked_m int32 (G,), already clipped to [0, max_m]. expected_m (the
   typical masked_m, or None for max_m) picks the tuned config when config is None. Tiles wholly past
   masked_m[g] only write zeros.
   """
-  return _masked(x, w, masked_m, True, out_dtype, expected_m, config)
+  return _masked(x, w, masked_m, True, out_dtype, expected_m, config, precision)
 
 
-def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g] on rows < masked_m[g], exact zeros on the others; w (G, K, N).
 
   masked_gmm's input gradient: dx = masked_gmm_kn(dout, w) reads masked_gmm's w (G, N, K) as this (G, K', N')
   layout, no transpose materialised."""
-  return _masked(x, w, masked_m, False, out_dtype, expected_m, config)
+  return _masked(x, w, masked_m, False, out_dtype, expected_m, config, precision)
 
 
-def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config):
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
   """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; lhs (G, max_m, K), rhs (G, max_m, N),
   masked_m clipped to [0, max_m]; empty groups are exact zeros. masked_gmm's weight gradient:
   dw = masked_tgmm(dout, x) (G, N, K). The tgmm kernel over the (G * max_m)-row views, group g's rows at
@@ -284,7 +284,7 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config):
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_tgmm",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=True,
-      ACCUMULATE=False, BIAS_GRAD=False, DOT_PRECISION=_dot_precision(), MASKED=True)
+      ACCUMULATE=False, BIAS_GRAD=False, DOT_PRECISION=_dot_precision(precision), MASKED=True)
   return out
 
 
@@ -337,7 +337,7 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, RHS_NK=transpose_rhs,
       LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, USE_TMA=use_tma,
-      DOT_PRECISION=_dot_precision())
+      DOT_PRECISION=_dot_precision(None))
 
 
 def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
@@ -358,7 +358,7 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm_fp8",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=geometry.GROUP_M, X_BLOCKS=x_scale.ndim == 3, W_BLOCKS=w_scale.ndim == 3, USE_TMA=use_tma,
-      DOT_PRECISION=_dot_precision())
+      DOT_PRECISION=_dot_precision(None))
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
@@ -379,4 +379,4 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      DOT_PRECISION=_dot_precision())
+      DOT_PRECISION=_dot_precision(None))

@@ -21,6 +21,8 @@ _F32 = jnp.float32
 def _tile_m(m, num_groups, config):
   if config is not None:
     return config.block_m
+  if not isinstance(m, int):  # Symbolic (jax.export): the largest tile.
+    return 128
   rows_per_group = max(1, -(-m // num_groups))
   return min(128, max(16, 1 << (rows_per_group - 1).bit_length()))
 
@@ -48,13 +50,15 @@ def _pad_rows(x, rows, axis=0):
 
 
 def _dot(x, y, contract, batch=((), ())):
+  """Float32-accumulated product; float32 inputs multiply exactly (HIGHEST) whatever the caller's precision."""
   precision = lax.Precision.HIGHEST if x.dtype == _F32 else None
   return lax.dot_general(x, y, (contract, batch), precision=precision, preferred_element_type=_F32)
 
 
 def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation,
-        save_preactivation, config):
+        save_preactivation, config, precision=None):
   """out (M, N_out) = act(lhs rows of g @ rhs[g] + bias[g]) (+ existing_out); see module docstring."""
+  del precision  # float32 products are exact here (_dot).
   m, _ = lhs.shape
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -90,8 +94,9 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   return (out[:m], preact[:m]) if save_preactivation else out[:m]
 
 
-def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
+def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config, precision=None):
   """out (G, K, N): out[g] = lhs_KM[:, rows of g] @ rhs[rows of g] (+ existing_out); empty groups are 0."""
+  del precision
   m, n = rhs.shape
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups = bounds.shape[0] - 1
@@ -130,21 +135,21 @@ def _valid_rows(x, masked_m):
   return jnp.where(row[None, :, None] < masked_m[:, None, None], x, 0)
 
 
-def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros elsewhere."""
-  del expected_m, config  # One batched dot: the dense layout leaves nothing to tile.
+  del expected_m, precision, config  # One batched dot: the dense layout leaves nothing to tile.
   return _valid_rows(_dot(x, w, ((2,), (2,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
 
 
-def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config):
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g] (w (G, K, N)) on rows < masked_m[g], exact zeros elsewhere."""
-  del expected_m, config
+  del expected_m, precision, config
   return _valid_rows(_dot(x, w, ((2,), (1,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
 
 
-def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config):
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
   """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; empty groups are exact zeros."""
-  del config
+  del precision, config
   return _dot(_valid_rows(lhs, masked_m), _valid_rows(rhs, masked_m), ((1,), (1,)), batch=((0,), (0,))).astype(
       out_dtype)
 

@@ -60,39 +60,39 @@ _tgmm_p = primitives._define("tgmm_fp8", _tgmm_shapes)
 
 
 def gmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, bias=None, transpose_rhs=False, preferred_element_type=None,
-        group_offset=None, existing_out=None, activation=None, config=None, backend=None):
+        group_offset=None, existing_out=None, activation=None, precision=None, config=None, backend=None):
   """jgmm.gmm with FP8 lhs (M, K) and rhs (G, K, N) / (G, N, K): see the module docstring for the scales.
-  bias, existing_out and activation are not supported with FP8 (a clear error)."""
+  bias, existing_out, activation and precision are not supported with FP8 (a clear error)."""
   out_dtype, config, backend = validation.check_gmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_rhs, preferred_element_type, group_offset,
-      existing_out, activation, config, backend)
+      existing_out, activation, precision, config, backend)
   bounds = ops.group_bounds(group_sizes, group_offset, rhs.shape[0], lhs.shape[0])
-  (out,) = _gmm_p(*ops._vary_alike(lhs, rhs, bounds, lhs_scale, rhs_scale), transpose_rhs=transpose_rhs,
-                  out_dtype=out_dtype, config=config, backend=backend)
+  (out,) = _gmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                  config=config, backend=backend)
   return out
 
 
-def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None, expected_m=None, config=None,
-               backend=None):
+def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None, expected_m=None, precision=None,
+               config=None, backend=None):
   """jgmm.masked_gmm with FP8 x (G, max_m, K) and w (G, N, K): see the module docstring for the scales."""
-  out_dtype, config, backend = validation.check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale,
-                                                               preferred_element_type, expected_m, config, backend)
-  masked_m = jnp.clip(masked_m, 0, x.shape[1]).astype(jnp.int32)
-  (out,) = _masked_gmm_p(*ops._vary_alike(x, w, masked_m, x_scale, w_scale), out_dtype=out_dtype,
+  out_dtype, config, backend = validation.check_masked_gmm_fp8(
+      x, w, masked_m, x_scale, w_scale, preferred_element_type, expected_m, precision, config, backend)
+  (out,) = _masked_gmm_p(x, w, ops.clip_to_int32(masked_m, x.shape[1]), x_scale, w_scale, out_dtype=out_dtype,
                          expected_m=expected_m, config=config, backend=backend)
   return out
 
 
 def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, preferred_element_type=None,
-         group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False, config=None, backend=None):
+         group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False, precision=None, config=None,
+         backend=None):
   """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N), scales along M: see the module docstring.
-  existing_out and bias_grad are not supported with FP8 (a clear error)."""
+  existing_out, bias_grad and precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
-      num_actual_groups, existing_out, bias_grad, config, backend)
+      num_actual_groups, existing_out, bias_grad, precision, config, backend)
   bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
-  (out,) = _tgmm_p(*ops._vary_alike(lhs, rhs, bounds, lhs_scale, rhs_scale), transpose_lhs=transpose_lhs,
-                   out_dtype=out_dtype, config=config, backend=backend)
+  (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                   config=config, backend=backend)
   return out
 
 
@@ -174,8 +174,9 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
     (M, N); rows outside the computed groups are 0.
   """
   # The checks of the bf16 product validate every argument (shapes, dtypes, groups) at trace time.
-  _, _, _, _, out_dtype, config, backend = validation.check_gmm(
-      lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, config, backend)
+  _, _, _, _, out_dtype, _, config, backend = validation.check_gmm(
+      lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
+      backend)
   fp8_dtype = jnp.dtype(fp8_dtype)
   if fp8_dtype not in validation.FP8_DTYPES:
     raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")

@@ -6,6 +6,9 @@ custom calls) and in `backend_xla` (pure JAX). The lowering picks one by the `ba
 platform without Triton (the CPU) raises a clear error from jgmm.ffi unless TRITON_INTERPRET=1.
 
 Optional operands (bias, existing_out) are left out of the bind; `present` records which slots are filled.
+Operands are cast to vary over the same shard_map mesh axes before each bind (no-op outside shard_map), so the
+outputs vary over them too. Symbolic (jax.export shape-polymorphic) shapes lower through the portable
+implementation: Triton kernels are compiled for static shapes. Derivative rules: jgmm/autodiff.py.
 """
 import functools
 
@@ -21,29 +24,43 @@ from jgmm import backend_xla
 _TRITON_PLATFORMS = ("cuda", "rocm")
 
 
-def _backend_module(backend, platform):
+def _backend_module(backend, platform, static_shapes):
   if backend is None:
-    backend = "triton" if platform in _TRITON_PLATFORMS else "xla"
+    backend = "triton" if platform in _TRITON_PLATFORMS and static_shapes else "xla"
+  if backend == "triton" and not static_shapes:
+    raise ValueError("backend='triton' needs static shapes (Triton kernels are compiled for them); got symbolic "
+                     "dimensions (jax.export shape polymorphism): pass backend=None or 'xla' to use the portable "
+                     "implementation for them")
   if backend == "xla":
     return backend_xla
   from jgmm import backend_triton  # Imports triton: only where a Triton lowering is asked for.
   return backend_triton
 
 
-def _fill(args, present):
+def fill(args, present):
+  """The operand list with None in the slots `present` marks empty."""
   args = iter(args)
   return [next(args) if is_present else None for is_present in present]
 
 
+def _vary_alike(*arrays):
+  """Casts arrays (None allowed) to vary over the union of their shard_map mesh axes (no-op outside one)."""
+  varying = lambda a: jax.typeof(a).mat.varying
+  axes = frozenset().union(*(varying(a) for a in arrays if a is not None))
+  return [a if a is None or not axes - varying(a) else lax.pcast(a, tuple(axes - varying(a)), to="varying")
+          for a in arrays]
+
+
 def _define(name, abstract_eval):
-  """A multiple-results primitive calling `<backend>.<name>(*operands, **params)`."""
+  """A multiple-results primitive calling `<backend>.<name>(*operands, **params)`; returns its bind function,
+  with the Primitive as its `primitive` attribute."""
   prim = Primitive(f"jgmm_{name}")
   prim.multiple_results = True
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
 
   def shapes(*avals, present, backend, **params):
     del backend
-    outs = abstract_eval(*_fill(avals, present), **params)
+    outs = abstract_eval(*fill(avals, present), **params)
     if not avals[0].mat.varying:
       return outs
     # Inside shard_map: the operands vary over the same manual mesh axes (ops.py casts them); so do the outputs.
@@ -54,7 +71,8 @@ def _define(name, abstract_eval):
 
   def lower(platform):
     def run(*args, present, backend, **params):
-      out = getattr(_backend_module(backend, platform), name)(*_fill(args, present), **params)
+      static_shapes = all(core.is_constant_shape(a.shape) for a in args)
+      out = getattr(_backend_module(backend, platform, static_shapes), name)(*fill(args, present), **params)
       return list(out) if isinstance(out, tuple) else [out]
     return mlir.lower_fun(run, multiple_results=True)
 
@@ -77,40 +95,42 @@ def _define(name, abstract_eval):
 
   def bind(*args, backend, **params):
     present = tuple(a is not None for a in args)
-    return prim.bind(*[a for a in args if a is not None], present=present, backend=backend, **params)
+    operands = [a for a in _vary_alike(*args) if a is not None]
+    return prim.bind(*operands, present=present, backend=backend, **params)
 
+  bind.primitive = prim
   return bind
 
 
 def _gmm_shapes(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activation,
-                save_preactivation, config):
-  del bounds, bias, existing_out, config
+                save_preactivation, precision, config):
+  del bounds, bias, existing_out, precision, config
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   m = lhs.shape[0]
   out = jax.core.ShapedArray((m, n // 2 if activation == "swiglu" else n), out_dtype)
   return [out, jax.core.ShapedArray((m, n), out_dtype)] if save_preactivation else [out]
 
 
-def _tgmm_shapes(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, config):
-  del existing_out, config
+def _tgmm_shapes(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad, precision, config):
+  del existing_out, precision, config
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups, n = bounds.shape[0] - 1, rhs.shape[1]
   out = jax.core.ShapedArray((num_groups, k, n), out_dtype)
   return [out, jax.core.ShapedArray((num_groups, n), jnp.float32)] if bias_grad else [out]
 
 
-def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, expected_m, config):
-  del masked_m, expected_m, config
+def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, expected_m, precision, config):
+  del masked_m, expected_m, precision, config
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
 
 
-def _masked_gmm_kn_shapes(x, w, masked_m, *, out_dtype, expected_m, config):
-  del masked_m, expected_m, config
+def _masked_gmm_kn_shapes(x, w, masked_m, *, out_dtype, expected_m, precision, config):
+  del masked_m, expected_m, precision, config
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[2]), out_dtype)]
 
 
-def _masked_tgmm_shapes(lhs, rhs, masked_m, *, out_dtype, config):
-  del masked_m, config
+def _masked_tgmm_shapes(lhs, rhs, masked_m, *, out_dtype, precision, config):
+  del masked_m, precision, config
   return [jax.core.ShapedArray((lhs.shape[0], lhs.shape[2], rhs.shape[2]), out_dtype)]
 
 

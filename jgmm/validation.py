@@ -4,6 +4,8 @@ Each `check_*` function raises TypeError (wrong kind or dtype) or ValueError (wr
 the argument, what it saw and what it expected, and returns the normalised static arguments.
 """
 import jax.numpy as jnp
+from jax import lax
+from jax._src import core
 
 from jgmm import config as config_lib
 
@@ -45,7 +47,35 @@ def _int_array(name, x, ndim, layout):
 
 def _same_dtype(name, x, other_name, other):
   if x.dtype != other.dtype:
-    raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {_describe(x)}")
+    raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {_describe(x)}; cast one "
+                    f"of them (e.g. {name}.astype({other_name}.dtype): gradients flow back through the cast)")
+
+
+def _static_groups(name, x, axis, layout):
+  if core.is_symbolic_dim(x.shape[axis]):
+    raise ValueError(f"{name} must have a static group count (axis {axis} of {layout}); got shape {tuple(x.shape)} "
+                     "with a symbolic one: export with a concrete number of groups (M, K and N may be symbolic)")
+
+
+def _precision(precision):
+  """"highest" where `precision` asks for exact float32 products, else None (TF32 allowed on NVIDIA GPUs).
+
+  Takes what jax.lax.dot takes: None, a lax.Precision or its name, a pair of them, or a lax.DotAlgorithmPreset."""
+  parts = precision if isinstance(precision, (tuple, list)) else (precision,)
+  exact = False
+  for part in parts:
+    if part is None:
+      continue
+    if isinstance(part, lax.DotAlgorithmPreset):
+      exact |= part == lax.DotAlgorithmPreset.F32_F32_F32
+      continue
+    try:
+      exact |= lax.Precision(part) == lax.Precision.HIGHEST
+    except (ValueError, TypeError):
+      raise ValueError(f"precision must be None, a jax.lax.Precision (or its name: 'default', 'high', 'highest', "
+                       f"'bfloat16', 'tensorfloat32', 'float32'), a pair of them or a lax.DotAlgorithmPreset, got "
+                       f"{precision!r}") from None
+  return "highest" if exact else None
 
 
 def _shape(name, x, expected, layout):
@@ -102,8 +132,9 @@ def _nonneg_int(name, value):
 
 
 def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset,
-              existing_out, activation, config, backend, fp8=False):
-  """Validates gmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, out_n, out_dtype, config)."""
+              existing_out, activation, precision, config, backend, fp8=False):
+  """Validates gmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, out_n, out_dtype, precision, config,
+  backend)."""
   _float_array("lhs", lhs, 2, "(M, K)", fp8)
   rhs_layout = "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)"
   _float_array("rhs", rhs, 3, rhs_layout, fp8)
@@ -113,9 +144,11 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
   if rhs_k != k:
     raise ValueError(f"rhs must have K = {k} (lhs is {tuple(lhs.shape)}) in its layout {rhs_layout}, "
                      f"got shape {tuple(rhs.shape)}")
+  _static_groups("rhs", rhs, 0, rhs_layout)
   if num_groups < 1:
     raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}")
   _int_array("group_sizes", group_sizes, 1, "(G,)")
+  _static_groups("group_sizes", group_sizes, 0, "(G,)")
   _group_offset(group_offset)
   if group_offset is None and group_sizes.shape[0] != num_groups:
     raise ValueError(f"group_sizes must have shape (G,) = ({num_groups},) matching rhs {tuple(rhs.shape)}, "
@@ -137,13 +170,13 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
     _shape("existing_out", existing_out, (m, out_n), "(M, N_out)")
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
-  return m, k, n, out_n, out_dtype, config_lib.as_config(config), _backend(backend)
+  return m, k, n, out_n, out_dtype, _precision(precision), config_lib.as_config(config), _backend(backend)
 
 
 def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset,
-               num_actual_groups, existing_out, bias_grad, config, backend, fp8=False):
-  """Validates tgmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, num_groups, out_dtype, config,
-  backend)."""
+               num_actual_groups, existing_out, bias_grad, precision, config, backend, fp8=False):
+  """Validates tgmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, num_groups, out_dtype, precision,
+  config, backend)."""
   lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
   _float_array("lhs", lhs, 2, lhs_layout, fp8)
   _float_array("rhs", rhs, 2, "(M, N)", fp8)
@@ -154,6 +187,7 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
                      f"got shape {tuple(rhs.shape)}")
   n = rhs.shape[1]
   _int_array("group_sizes", group_sizes, 1, "(G,)")
+  _static_groups("group_sizes", group_sizes, 0, "(G,)")
   total_groups = group_sizes.shape[0]
   if total_groups < 1:
     raise ValueError(f"group_sizes must hold at least one group, got {_describe(group_sizes)}")
@@ -175,14 +209,16 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
   _flag("bias_grad", bias_grad)
-  return m, k, n, num_groups, out_dtype, config_lib.as_config(config), _backend(backend)
+  return (m, k, n, num_groups, out_dtype, _precision(precision), config_lib.as_config(config),
+          _backend(backend))
 
 
-def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, config, backend, fp8=False):
-  """Validates masked_gmm's arguments (FP8 x and w if fp8); returns (out_dtype, config, backend)."""
+def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precision, config, backend, fp8=False):
+  """Validates masked_gmm's arguments (FP8 x and w if fp8); returns (out_dtype, precision, config, backend)."""
   _float_array("x", x, 3, "(G, max_m, K)", fp8)
   _float_array("w", w, 3, "(G, N, K)", fp8)
   _same_dtype("w", w, "x", x)
+  _static_groups("x", x, 0, "(G, max_m, K)")
   num_groups, _, k = x.shape
   if w.shape[0] != num_groups or w.shape[2] != k:
     raise ValueError(f"w must be (G, N, K) with G = {num_groups} and K = {k} (x is {tuple(x.shape)}), "
@@ -190,7 +226,8 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, config,
   _int_array("masked_m", masked_m, 1, "(G,)")
   _shape("masked_m", masked_m, (num_groups,), "(G,)")
   _nonneg_int("expected_m", expected_m)
-  return _out_dtype(preferred_element_type, x.dtype), config_lib.as_config(config), _backend(backend)
+  return (_out_dtype(preferred_element_type, x.dtype), _precision(precision), config_lib.as_config(config),
+          _backend(backend))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,13 +266,14 @@ def _fp8_out_dtype(preferred_element_type):
 
 
 def check_gmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_rhs, preferred_element_type,
-                  group_offset, existing_out, activation, config, backend):
+                  group_offset, existing_out, activation, precision, config, backend):
   """Validates FP8 gmm's arguments; returns (out_dtype, config, backend)."""
-  for name, value in (("bias", bias), ("existing_out", existing_out), ("activation", activation)):
+  for name, value in (("bias", bias), ("existing_out", existing_out), ("activation", activation),
+                      ("precision", precision)):
     _no_fp8_option(name, value)
-  m, k, n, _, out_dtype, config, backend = check_gmm(
+  m, k, n, _, out_dtype, _, config, backend = check_gmm(
       lhs, rhs, group_sizes, None, transpose_rhs, _fp8_out_dtype(preferred_element_type), group_offset, None,
-      None, config, backend, fp8=True)
+      None, None, config, backend, fp8=True)
   kb = _cdiv(k, 128)
   _scale("lhs_scale", lhs_scale, "lhs", [("(M,)", (m,), "per row"), ("(M, cdiv(K, 128))", (m, kb), "1x128 blocks")])
   g = rhs.shape[0]
@@ -244,10 +282,12 @@ def check_gmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_r
   return out_dtype, config, backend
 
 
-def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_type, expected_m, config, backend):
+def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_type, expected_m, precision, config,
+                         backend):
   """Validates FP8 masked_gmm's arguments; returns (out_dtype, config, backend)."""
-  out_dtype, config, backend = check_masked_gmm(x, w, masked_m, _fp8_out_dtype(preferred_element_type), expected_m,
-                                                config, backend, fp8=True)
+  _no_fp8_option("precision", precision)
+  out_dtype, _, config, backend = check_masked_gmm(x, w, masked_m, _fp8_out_dtype(preferred_element_type),
+                                                   expected_m, None, config, backend, fp8=True)
   g, max_m, k = x.shape
   n, kb = w.shape[1], _cdiv(k, 128)
   _scale("x_scale", x_scale, "x", [("(G, max_m)", (g, max_m), "per row"),
@@ -258,13 +298,14 @@ def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_typ
 
 
 def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
-                   num_actual_groups, existing_out, bias_grad, config, backend):
+                   num_actual_groups, existing_out, bias_grad, precision, config, backend):
   """Validates FP8 tgmm's arguments; returns (m, num_groups, out_dtype, config, backend)."""
   _no_fp8_option("existing_out", existing_out)
+  _no_fp8_option("precision", precision)
   _no_fp8_option("bias_grad", bias_grad, False)
-  m, k, n, num_groups, out_dtype, config, backend = check_tgmm(
+  m, k, n, num_groups, out_dtype, _, config, backend = check_tgmm(
       lhs, rhs, group_sizes, transpose_lhs, _fp8_out_dtype(preferred_element_type), group_offset, num_actual_groups,
-      None, False, config, backend, fp8=True)
+      None, False, None, config, backend, fp8=True)
   mb = _cdiv(m, 128)
   lhs_option = ("(cdiv(M, 128), K)", (mb, k), "128x1 blocks") if transpose_lhs else (
       "(K, cdiv(M, 128))", (k, mb), "1x128 blocks of lhs (K, M)")

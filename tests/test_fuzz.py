@@ -4,7 +4,9 @@ backend="xla" everywhere, and backend="triton" on a GPU (the interpreter is too 
 
 Shapes are fixed per variant, so each variant compiles once; group_sizes, group_offset and masked_m are
 runtime values drawn adversarially (uniform, skewed, zero groups, all zero, one-hot, sum < M, sum > M,
-negative, 2**31 - 1, int32 extremes; offsets negative or past G_total). Every case draws fresh data from
+negative, 2**31 - 1, int32 extremes; offsets negative or past G_total), in an integer dtype drawn per case
+(int8 .. uint32, values saturated into its range as a caller's would be; M > 127 so that an int8 clip bound
+would wrap). Every case draws fresh data from
 np.random.default_rng(seed); a failure prints the seed, and `_run_case(variant, seed)` reproduces it.
 """
 import functools
@@ -20,9 +22,10 @@ from jgmm import oracle
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -2**31
-M, K, N = 97, 19, 33  # Not multiples of any tile.
+M, K, N = 131, 19, 33  # Not multiples of any tile; M past int8's range.
 G_TOTAL, G_LOCAL = 12, 5
-MAX_M = 21  # masked_gmm rows per group.
+MAX_M = 133  # masked_gmm rows per group, past int8's range.
+INT_DTYPES = (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
 CASES_PER_VARIANT = 200
 SIZE_KINDS = ("uniform", "skewed", "zeros", "all_zero", "one_hot", "sum_less", "sum_more", "negative", "huge",
               "extremes")
@@ -67,6 +70,12 @@ def _group_offset(rng, total):
   if rng.random() < 0.1:
     return np.int32(rng.choice([INT32_MIN, INT32_MAX]))
   return np.int32(rng.integers(-3, total + 4))
+
+
+def _in_dtype(values, dtype):
+  """Integer values saturated into dtype's range and cast to it (what a caller holding them in dtype has)."""
+  info = np.iinfo(dtype)
+  return np.clip(np.asarray(values, np.int64), info.min, info.max).astype(dtype)
 
 
 def _normal(rng, shape, dtype):
@@ -122,6 +131,7 @@ def _run_case(variant, seed, backend="xla"):
   op, static, flags = VARIANTS[variant]
   rng = np.random.default_rng(seed)
   kind = SIZE_KINDS[seed % len(SIZE_KINDS)]
+  int_dtype = INT_DTYPES[rng.integers(len(INT_DTYPES))]
   dtype = jnp.bfloat16 if "bf16" in flags else jnp.float32
   uses_triton = ON_GPU and (backend == "triton" or op == "ragged_dot")
   tolerance = 1e-2 if "bf16" in flags else 2e-3 if uses_triton else 2e-5
@@ -139,9 +149,9 @@ def _run_case(variant, seed, backend="xla"):
         failures.append(f"{name}: elements outside the computed groups differ by up to {diff.max():.3g}")
 
   if op in ("gmm", "ragged_dot"):
-    offset = _group_offset(rng, G_TOTAL) if "offset" in flags else None
+    offset = _in_dtype(_group_offset(rng, G_TOTAL), int_dtype) if "offset" in flags else None
     num_groups = G_LOCAL if "offset" in flags else g_total
-    sizes = _group_sizes(kind, g_total, M, rng)
+    sizes = _in_dtype(_group_sizes(kind, g_total, M, rng), int_dtype)
     lhs, lhs64 = _normal(rng, (M, K), dtype)
     transpose = static.get("transpose_rhs", False)
     rhs, rhs64 = _normal(rng, (num_groups, N, K) if transpose else (num_groups, K, N), dtype)
@@ -157,9 +167,9 @@ def _run_case(variant, seed, backend="xla"):
     covered = _covered_rows(oracle.row_ranges(sizes, M, offset, num_groups), M)
     check("out", out, expected, np.broadcast_to(~covered[:, None], expected.shape))
   elif op == "tgmm":
-    offset = _group_offset(rng, G_TOTAL) if "offset" in flags else None
+    offset = _in_dtype(_group_offset(rng, G_TOTAL), int_dtype) if "offset" in flags else None
     num_groups = static.get("num_actual_groups", g_total)
-    sizes = _group_sizes(kind, g_total, M, rng)
+    sizes = _in_dtype(_group_sizes(kind, g_total, M, rng), int_dtype)
     transpose = static.get("transpose_lhs", False)
     lhs, lhs64 = _normal(rng, (M, K) if transpose else (K, M), dtype)
     rhs, rhs64 = _normal(rng, (M, N), dtype)
@@ -180,15 +190,17 @@ def _run_case(variant, seed, backend="xla"):
       check("dbias", outs[1], expected_dbias, np.broadcast_to(empty[:, None], expected_dbias.shape))
   else:  # masked_gmm
     num_groups = 6
-    masked_m = rng.integers(-4, MAX_M + 5, num_groups).astype(np.int32)
+    masked_m = rng.integers(-4, MAX_M + 5, num_groups)
     masked_m[rng.random(num_groups) < 0.15] = rng.choice([INT32_MIN, 0, MAX_M, INT32_MAX])
+    masked_m = _in_dtype(masked_m, int_dtype)
     x, x64 = _normal(rng, (num_groups, MAX_M, K), dtype)
     w, w64 = _normal(rng, (num_groups, N, K), dtype)
     out = fn(x, w, jnp.asarray(masked_m))
     expected = oracle.masked_gmm(x64, w64, masked_m)
     invalid_rows = np.arange(MAX_M)[None, :] >= np.clip(masked_m, 0, MAX_M)[:, None]
     check("out", out, expected, np.broadcast_to(invalid_rows[:, :, None], expected.shape))
-  return [f"variant={variant} backend={backend} seed={seed} kind={kind}: {f}" for f in failures]
+  return [f"variant={variant} backend={backend} seed={seed} kind={kind} sizes dtype={np.dtype(int_dtype).name}: {f}"
+          for f in failures]
 
 
 class FuzzTest(parameterized.TestCase):

@@ -210,8 +210,6 @@ CASES = [
      r"group_sizes must have shape \(G,\) = \(3,\).*got shape \(5,\)"),
     ("ragged_dot_group_sizes_float", _ragged(group_sizes=_rand(G)), TypeError,
      r"group_sizes must have an integer dtype.*dtype float32"),
-    ("ragged_dot_preferred_int32", _ragged(preferred_element_type=jnp.int32), TypeError,
-     r"preferred_element_type must be float32, bfloat16 or float16 or None, got int32"),
 ]
 
 # jgmm.Config built directly (not traced: it is a static value).
