@@ -196,7 +196,8 @@ def bench_recipe(name, m, k, n, g):
   ms = bench.time_interleaved({"fp8_gmm": (lambda: fp8(*args), bench._jax_sync),
                                "gmm_bf16": (lambda: bf16(*args), bench._jax_sync)}, min_batch_s=0.03, batches=5)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
-          "speedup": ms["gmm_bf16"] / ms["fp8_gmm"], "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
+          "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
+          "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
 
 
 def _print(results, recipe):

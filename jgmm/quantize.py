@@ -45,8 +45,8 @@ def scale_shape(recipe, shape):
   return out[:-1] if recipe == "row" else out
 
 
-def _expand(scale, recipe, shape):
-  """The scales broadcast to every element of x (`shape`): each scale repeated over its block."""
+def broadcast_scale(scale, recipe, shape):
+  """The scales of x (`shape`) broadcast to its elements: each scale repeated over its block."""
   blocks = _blocks(recipe, shape)
   if recipe == "row":
     scale = scale[..., None]
@@ -73,10 +73,10 @@ def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
   scale = jnp.where(amax == 0, 1.0, amax / FP8_MAX[dtype])
   scale = scale.reshape(scale_shape(recipe, x.shape))
   fmax = FP8_MAX[dtype]
-  q = jnp.clip(x / _expand(scale, recipe, x.shape), -fmax, fmax).astype(dtype)
+  q = jnp.clip(x / broadcast_scale(scale, recipe, x.shape), -fmax, fmax).astype(dtype)
   return q, scale
 
 
 def dequantize(q, scale, recipe, dtype=jnp.float32):
   """q * scale (each scale over its block) in `dtype`: the inverse of `quantize` up to FP8 rounding."""
-  return (q.astype(jnp.float32) * _expand(scale.astype(jnp.float32), recipe, q.shape)).astype(dtype)
+  return (q.astype(jnp.float32) * broadcast_scale(scale.astype(jnp.float32), recipe, q.shape)).astype(dtype)

@@ -17,17 +17,6 @@ from jgmm import oracle, quantize
 E4M3 = {"e4m3fn": jnp.float8_e4m3fn, "e4m3fnuz": jnp.float8_e4m3fnuz}
 
 
-def deepgemm_diff(x, y):
-  """DeepGEMM's calc_diff: 0 for equal tensors, ~1e-4 for a good FP8 product against the bf16 one."""
-  x, y = oracle.f64(x), oracle.f64(y)
-  return 1.0 - 2.0 * np.sum(x * y) / np.sum(x * x + y * y)
-
-
-def dequantized(q, scale, recipe):
-  """The float64 value an FP8 operand stands for (a scale of one dimension fewer is per row)."""
-  return oracle.f64(quantize.dequantize(q, scale, "row" if scale.ndim < q.ndim else recipe))
-
-
 class Fp8TestBase(parameterized.TestCase):
   backend = "xla"
 
@@ -63,7 +52,8 @@ class Fp8OpsTest(Fp8TestBase):
     sizes = np.array([20, 0, 33, 10], np.int32)  # 7 rows in no group: zeros
     out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
                    transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, backend=self.backend)
-    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
                       transpose_rhs=True)
     self.assertEqual(out.dtype, jnp.float32)
     self.assert_close(out, want)
@@ -76,7 +66,7 @@ class Fp8OpsTest(Fp8TestBase):
     sizes = np.array([5, 20, 15, 10], np.int32)
     out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_rhs=True,
                    group_offset=1, backend=self.backend)
-    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs, rhs_scale, "128x128"), sizes,
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs, rhs_scale, "128x128"), sizes,
                       transpose_rhs=True, group_offset=1)
     self.assertEqual(out.dtype, jnp.bfloat16)
     self.assert_close(out, want, 1e-2)
@@ -91,7 +81,7 @@ class Fp8OpsTest(Fp8TestBase):
     masked_m = np.array([0, max_m, self.rng.integers(1, max_m), -4, max_m + 7], np.int32)
     out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale,
                           preferred_element_type=jnp.float32, backend=self.backend)
-    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(w, w_scale, "128x128"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want)
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[3], 0.0)
@@ -108,8 +98,8 @@ class Fp8OpsTest(Fp8TestBase):
     rhs, rhs_scale = quantize.quantize(rhs, "128x1")
     out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
                     transpose_lhs=transpose_lhs, preferred_element_type=jnp.float32, backend=self.backend)
-    want, _ = oracle.tgmm(dequantized(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128"),
-                          dequantized(rhs, rhs_scale, "128x1"), sizes, transpose_lhs=transpose_lhs)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128"),
+                          oracle.dequantize(rhs, rhs_scale, "128x1"), sizes, transpose_lhs=transpose_lhs)
     self.assert_close(out, want)
     np.testing.assert_array_equal(out[0], 0.0)
 
@@ -121,7 +111,7 @@ class Fp8OpsTest(Fp8TestBase):
     (xq, xs), (wq, ws) = quantize.quantize(x, "1x128"), quantize.quantize(w, "128x128")
     masked_m = np.array([max_m, 9], np.int32)
     out = jgmm.masked_gmm(xq, wq, jnp.asarray(masked_m), x_scale=xs, w_scale=ws, backend=self.backend)
-    self.assertLess(deepgemm_diff(out, oracle.masked_gmm(x, w, masked_m)), 1e-3)
+    self.assertLess(oracle.deepgemm_diff(out, oracle.masked_gmm(x, w, masked_m)), 1e-3)
 
   def test_nonfinite_and_zero_scales(self):
     """A NaN, inf or zero scale gives what IEEE arithmetic on q * scale gives, in its own rows only; rows past
@@ -138,7 +128,7 @@ class Fp8OpsTest(Fp8TestBase):
     np.testing.assert_array_equal(out[0, 3], 0.0)
     np.testing.assert_array_equal(out[1, 5:], 0.0)  # The NaN scale of row 6 is past masked_m.
     finite = [0, 4, 5, 6, 7]
-    want = oracle.masked_gmm(dequantized(x, x_scale, "row"), dequantized(w, w_scale, "row"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "row"), oracle.dequantize(w, w_scale, "row"), masked_m)
     self.assert_close(out[0, finite], want[0, finite])
     self.assert_close(out[1, :5], want[1, :5])
 
@@ -151,8 +141,8 @@ class Fp8OpsTest(Fp8TestBase):
                                                        preferred_element_type=jnp.float32, backend=self.backend)))
     out = fn(x, x_scale)
     for b in range(2):
-      self.assert_close(out[b], oracle.masked_gmm(dequantized(x[b], x_scale[b], "1x128"),
-                                                  dequantized(w, w_scale, "row"), masked_m))
+      self.assert_close(out[b], oracle.masked_gmm(oracle.dequantize(x[b], x_scale[b], "1x128"),
+                                                  oracle.dequantize(w, w_scale, "row"), masked_m))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,15 +27,6 @@ SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tm
 RECIPES = (("row", "row"), ("1x128", "128x128"), ("row", "128x128"), ("1x128", "row"))
 
 
-def deepgemm_diff(x, y):
-  x, y = oracle.f64(x), oracle.f64(y)
-  return 1.0 - 2.0 * np.sum(x * y) / np.sum(x * x + y * y)
-
-
-def dequantized(q, scale, recipe):
-  return oracle.f64(quantize.dequantize(q, scale, "row" if scale.ndim < q.ndim else recipe))
-
-
 class Fp8KernelTestBase(parameterized.TestCase):
 
   def setUp(self):
@@ -102,7 +93,8 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     out = run_gmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                   config=dataclasses.replace(SMALL, tma=tma))
     sizes, offset = groups_of(bounds)
-    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
                       transpose_rhs=True, group_offset=offset)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(out[:3], 0.0)
@@ -116,7 +108,7 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     w, w_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
     masked_m = np.array([0, max_m, 1, 17, 33], np.int32)
     out = run_masked(x, w, masked_m, x_scale, w_scale, config=dataclasses.replace(SMALL, tma=tma))
-    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(w, w_scale, "128x128"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[2, 1:], 0.0)
@@ -130,7 +122,8 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     lhs, lhs_scale = (lhs_mk, lhs_mk_scale) if transpose_lhs else (lhs_mk.T, lhs_mk_scale.T)
     out = run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs)
     sizes, offset = groups_of(bounds)
-    want, _ = oracle.tgmm(dequantized(lhs_mk, lhs_mk_scale, "128x1"), dequantized(rhs, rhs_scale, "128x1"), sizes,
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
+                          sizes,
                           transpose_lhs=True, group_offset=offset, num_actual_groups=4)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(out[0], 0.0)
@@ -163,7 +156,7 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     with mock.patch.dict(os.environ, {"JGMM_CONFIG": '{"block_m": 16, "block_n": 16, "block_k": 64}'}):
       out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale,
                             preferred_element_type=jnp.float32, backend="triton")
-    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(w, w_scale, "128x128"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-2)
 
 
@@ -243,7 +236,8 @@ class GpuFp8Test(Fp8KernelTestBase):
     sizes[2] = 0
     out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
                    transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
-    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
                       transpose_rhs=True)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(np.asarray(out)[m - 10:], 0.0)
@@ -256,7 +250,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     masked_m = np.array([0, max_m, 1, 63, 64, 200], np.int32)
     out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale, expected_m=expected_m,
                           preferred_element_type=jnp.float32)
-    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(w, w_scale, "128x128"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
 
@@ -269,7 +263,8 @@ class GpuFp8Test(Fp8KernelTestBase):
     sizes = np.array([0, 1000, 7, 1800, 100], np.int32)
     out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale,
                     transpose_lhs=transpose_lhs, preferred_element_type=jnp.float32)
-    want, _ = oracle.tgmm(dequantized(lhs_mk, lhs_scale, "128x1"), dequantized(rhs, rhs_scale, "128x1"), sizes,
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
+                          sizes,
                           transpose_lhs=True)
     self.assert_close(out, want, 1e-5)
     np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
@@ -286,14 +281,16 @@ class GpuFp8Test(Fp8KernelTestBase):
     sizes = np.array([300, 0, 177, 400, 100], np.int32)
     out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
                    transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, config=config)
-    want = oracle.gmm(dequantized(lhs, lhs_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), sizes,
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
                       transpose_rhs=True)
     self.assert_close(out, want, 1e-5, "gmm")
     x, x_scale = self.quantized((groups, 200, k), recipes[0])
     masked_m = np.array([0, 200, 1, 129, 64], np.int32)
     out = jgmm.masked_gmm(x, rhs_nk, jnp.asarray(masked_m), x_scale=x_scale, w_scale=rhs_scale,
                           preferred_element_type=jnp.float32, config=config)
-    want = oracle.masked_gmm(dequantized(x, x_scale, "1x128"), dequantized(rhs_nk, rhs_scale, "128x128"), masked_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                             masked_m)
     self.assert_close(out, want, 1e-5, "masked")
 
   @parameterized.parameters((4096, 7168), (7168, 2048))
@@ -305,7 +302,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     masked_m = np.array([256, 100, 0, 255], np.int32)
     out = jgmm.masked_gmm(xq, wq, jnp.asarray(masked_m), x_scale=xs, w_scale=ws, expected_m=256)
     want = jgmm.masked_gmm(x, w, jnp.asarray(masked_m))
-    self.assertLess(deepgemm_diff(out, want), 1e-3)
+    self.assertLess(oracle.deepgemm_diff(out, want), 1e-3)
 
   def test_offsets_past_int32(self):
     """masked out (G * max_m, N) past 2^31 elements."""
@@ -316,7 +313,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale)
     rows = np.array([0, max_m - 4, max_m - 1])
     got = np.asarray(out[:, rows], np.float32)
-    xd, wd = dequantized(x[:, rows], x_scale[:, rows], "1x128"), dequantized(w, w_scale, "128x128")
+    xd, wd = oracle.dequantize(x[:, rows], x_scale[:, rows], "1x128"), oracle.dequantize(w, w_scale, "128x128")
     want = np.einsum("gmk,gnk->gmn", xd, wd)
     want[0, 2] = 0.0
     self.assertLess(oracle.rel_err(got, want), 1e-2)

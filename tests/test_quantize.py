@@ -2,7 +2,6 @@
 import itertools
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from absl.testing import absltest, parameterized
 
@@ -37,7 +36,8 @@ class QuantizeTest(parameterized.TestCase):
   @parameterized.product(
       (dict(recipe="row", shape=(5, 7)), dict(recipe="row", shape=(2, 3, 129)), dict(recipe="1x128", shape=(6, 1)),
        dict(recipe="1x128", shape=(3, 4, 300)), dict(recipe="128x128", shape=(2, 130, 257)),
-       dict(recipe="128x128", shape=(7, 128)), dict(recipe="128x1", shape=(300, 5)), dict(recipe="128x1", shape=(1, 3))),
+       dict(recipe="128x128", shape=(7, 128)), dict(recipe="128x1", shape=(300, 5)),
+       dict(recipe="128x1", shape=(1, 3))),
       fmt=("e4m3fn", "e4m3fnuz"),
   )
   def test_against_numpy(self, recipe, shape, fmt):

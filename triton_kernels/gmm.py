@@ -128,6 +128,47 @@ def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BL
 
 
 @triton.jit
+def group_table(bounds_ptr, G: tl.constexpr, G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr):
+  """gmm's register-resident group table from bounds (G + 1,): per group id (G_POW2 >= G lanes) its first row,
+  rows, tiles (row tiles x N_TILES) and tiles of groups 0..g inclusive; and the number of group tiles."""
+  group = tl.arange(0, G_POW2)
+  in_table = group < G
+  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
+  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
+  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
+  tiles_end = tl.cumsum(group_tiles, axis=0)
+  return group, starts, rows, group_tiles, tiles_end, tl.sum(group_tiles, axis=0)
+
+
+@triton.jit
+def group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr,
+               GROUP_M: tl.constexpr):
+  """(g, first row of g, rows of g, row tile, column tile) of group tile `tile`, found in the group table with a
+  few vector reductions."""
+  g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
+  this_group = group == g
+  row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
+  m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
+  first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
+  mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+  return g, row_start, m_g, mi, ni
+
+
+@triton.jit
+def zero_tile_rows(z, first_row, last_row, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr):
+  """(first row (int64), end row, first column) of zero tile z: the tiles of rows [0, first_row), then of rows
+  [last_row, M) (rows outside every group), N_TILES per row tile."""
+  head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
+  if z < head_tiles:
+    row0 = (z // N_TILES) * BLOCK_M
+    row_end = first_row
+  else:
+    row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
+    row_end = M
+  return row0.to(tl.int64), row_end, (z % N_TILES) * BLOCK_N
+
+
+@triton.jit
 def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -148,23 +189,13 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   HALVES: tl.constexpr = N // N_OUT
-  group = tl.arange(0, G_POW2)
-  in_table = group < G
-  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
-  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
-  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
-  tiles_end = tl.cumsum(group_tiles, axis=0)  # Tiles of groups 0..g (inclusive).
-  num_tiles = tl.sum(group_tiles, axis=0)
+  group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
 
   num_programs = tl.num_programs(0)
   pid = tl.program_id(0)
   for tile in tl.range(pid, num_tiles, num_programs, flatten=True):
-    g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
-    this_group = group == g
-    row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
-    m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
-    first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
-    mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+    g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
+                                           GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, DOT_PRECISION)
@@ -177,19 +208,12 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
     # This program's first tile number past the group tiles, then every P-th.
     first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
     for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
-      z = tile - num_tiles
-      if z < head_tiles:
-        row0 = (z // N_TILES) * BLOCK_M
-        row_end = first_row
-      else:
-        row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
-        row_end = M
-      n0 = (z % N_TILES) * BLOCK_N
+      row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
       if not ACCUMULATE:
-        _zero_tile(out_ptr, row0.to(tl.int64), row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
+        _zero_tile(out_ptr, row0, row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
       if SAVE_PRE:
         for half in tl.static_range(HALVES):
-          _zero_tile(h_ptr, row0.to(tl.int64), row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+          _zero_tile(h_ptr, row0, row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
 
 
 @triton.jit

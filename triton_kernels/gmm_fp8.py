@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from jgmm.triton_kernels.common import store_tile, tile_coords
-from jgmm.triton_kernels.gmm import _zero_tile
+from jgmm.triton_kernels.gmm import _zero_tile, group_table, group_tile, zero_tile_rows
 
 SCALE_BLOCK = tl.constexpr(128)  # Elements per scale block along K (and along M for tgmm).
 
@@ -114,40 +114,23 @@ def gmm_fp8_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, lhs_scale_p
   and [bounds[G], M).
   """
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  group = tl.arange(0, G_POW2)
-  in_table = group < G
-  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
-  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
-  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
-  tiles_end = tl.cumsum(group_tiles, axis=0)
-  num_tiles = tl.sum(group_tiles, axis=0)
+  group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
   first_row = tl.load(bounds_ptr)
   last_row = tl.load(bounds_ptr + G)
-  head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
-  zero_tiles = head_tiles + tl.cdiv(M - last_row, BLOCK_M) * N_TILES
+  zero_tiles = (tl.cdiv(first_row, BLOCK_M) + tl.cdiv(M - last_row, BLOCK_M)) * N_TILES
 
   num_programs = tl.num_programs(0)
   for tile in range(tl.program_id(0), num_tiles + zero_tiles, num_programs):
     if tile < num_tiles:
-      g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
-      this_group = group == g
-      row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
-      m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
-      first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
-      mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+      g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
+                                             GROUP_M)
       m_left = m_g - mi * BLOCK_M
       _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g,
                 row_start.to(tl.int64) + mi * BLOCK_M, m_left, m_left, ni * BLOCK_N, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
                 RHS_NK, LHS_BLOCKS, RHS_BLOCKS, USE_TMA, DOT_PRECISION)
     else:
-      z = tile - num_tiles
-      if z < head_tiles:
-        row0 = (z // N_TILES) * BLOCK_M
-        row_end = first_row
-      else:
-        row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
-        row_end = M
-      _zero_tile(out_ptr, row0.to(tl.int64), row_end, (z % N_TILES) * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
+      row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
+      _zero_tile(out_ptr, row0, row_end, n0, N, 0, BLOCK_M, BLOCK_N, N)
 
 
 @triton.jit
