@@ -45,38 +45,49 @@ def scale_shape(recipe, shape):
   return out[:-1] if recipe == "row" else out
 
 
+def _split(x, blocks):
+  """x zero-padded to whole blocks and reshaped to (count, block) per axis: (n0, b0, n1, b1, ...)."""
+  padded = jnp.pad(x, [(0, _cdiv(d, b) * b - d) for d, b in zip(x.shape, blocks)])
+  return padded.reshape([n for d, b in zip(x.shape, blocks) for n in (_cdiv(d, b), b)])
+
+
+def _merge(split, shape):
+  """The inverse of _split: (n0, b0, n1, b1, ...) back to `shape` (padding dropped)."""
+  padded = split.reshape([split.shape[i] * split.shape[i + 1] for i in range(0, split.ndim, 2)])
+  return padded[tuple(slice(0, d) for d in shape)]
+
+
+def _per_block(scale, recipe, shape):
+  """scale (`scale_shape`) as (n0, 1, n1, 1, ...): one value per block, broadcasting over _split's layout."""
+  counts = [_cdiv(d, b) for d, b in zip(shape, _blocks(recipe, shape))]
+  return scale.reshape([n for c in counts for n in (c, 1)])
+
+
 def broadcast_scale(scale, recipe, shape):
-  """The scales of x (`shape`) broadcast to its elements: each scale repeated over its block."""
+  """The scales of x (`shape`) broadcast to its elements: each scale over its block."""
   blocks = _blocks(recipe, shape)
-  if recipe == "row":
-    scale = scale[..., None]
-  for axis, b in enumerate(blocks):
-    if b > 1 and scale.shape[axis] != 1:
-      scale = jnp.repeat(scale, b, axis=axis, total_repeat_length=scale.shape[axis] * b)
-  return scale[tuple(slice(0, d) for d in shape)]
-
-
-def _block_amax(x, blocks):
-  """amax of |x| per block: x zero-padded to whole blocks, each axis split into (blocks, block size)."""
-  padded = jnp.pad(jnp.abs(x), [(0, _cdiv(d, b) * b - d) for d, b in zip(x.shape, blocks)])
-  split = padded.reshape([n for d, b in zip(x.shape, blocks) for n in (_cdiv(d, b), b)])
-  return jnp.max(split, axis=tuple(range(1, split.ndim, 2)))
+  per_block = _per_block(scale, recipe, shape)
+  return _merge(jnp.broadcast_to(per_block, [n for c, b in zip(per_block.shape[::2], blocks) for n in (c, b)]),
+                shape)
 
 
 def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
-  """(q, scale): q (x's shape, dtype) = x / scale rounded to FP8, scale float32 (`scale_shape(recipe, x.shape)`)."""
+  """(q, scale): q (x's shape, dtype) = x / scale rounded to FP8, scale float32 (`scale_shape(recipe, x.shape)`).
+
+  Blocks are reshapes of x (no gathers): one reduction and one elementwise pass, which XLA fuses."""
   dtype = jnp.dtype(dtype)
   if dtype not in FP8_MAX:
     raise TypeError(f"dtype must be float8_e4m3fn or float8_e4m3fnuz, got {dtype}")
-  x = jnp.asarray(x).astype(jnp.float32)
-  amax = _block_amax(x, _blocks(recipe, x.shape))
-  scale = jnp.where(amax == 0, 1.0, amax / FP8_MAX[dtype])
-  scale = scale.reshape(scale_shape(recipe, x.shape))
+  x = jnp.asarray(x)
   fmax = FP8_MAX[dtype]
-  q = jnp.clip(x / broadcast_scale(scale, recipe, x.shape), -fmax, fmax).astype(dtype)
-  return q, scale
+  split = _split(x.astype(jnp.float32), _blocks(recipe, x.shape))
+  amax = jnp.max(jnp.abs(split), axis=tuple(range(1, split.ndim, 2)), keepdims=True)
+  scale = jnp.where(amax == 0, 1.0, amax / fmax)
+  q = _merge(jnp.clip(split / scale, -fmax, fmax).astype(dtype), x.shape)
+  return q, scale.reshape(scale_shape(recipe, x.shape))
 
 
 def dequantize(q, scale, recipe, dtype=jnp.float32):
   """q * scale (each scale over its block) in `dtype`: the inverse of `quantize` up to FP8 rounding."""
-  return (q.astype(jnp.float32) * broadcast_scale(scale.astype(jnp.float32), recipe, q.shape)).astype(dtype)
+  split = _split(q.astype(jnp.float32), _blocks(recipe, q.shape))
+  return _merge(split * _per_block(scale.astype(jnp.float32), recipe, q.shape), q.shape).astype(dtype)
