@@ -14,6 +14,11 @@ from absl.testing import absltest, parameterized
 import jgmm
 from jgmm import oracle, quantize
 
+try:
+  shard_map = jax.shard_map
+except AttributeError:  # jax without the top-level alias.
+  from jax.experimental.shard_map import shard_map
+
 E4M3 = {"e4m3fn": jnp.float8_e4m3fn, "e4m3fnuz": jnp.float8_e4m3fnuz}
 
 
@@ -131,6 +136,35 @@ class Fp8OpsTest(Fp8TestBase):
     want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "row"), oracle.dequantize(w, w_scale, "row"), masked_m)
     self.assert_close(out[0, finite], want[0, finite])
     self.assert_close(out[1, :5], want[1, :5])
+
+  def test_shard_map_over_experts(self):
+    """Expert parallelism: masked FP8 experts and the FP8 recipe's gmm sharded over 8 devices (groups split, the
+    scales sharded with their operands; group_offset for the contiguous layout)."""
+    P = jax.sharding.PartitionSpec
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("e",))
+    groups, max_m, n, k = 8, 6, 16, 136
+    x, x_scale = self.quantized((groups, max_m, k), "1x128")
+    w, w_scale = self.quantized((groups, n, k), "128x128")
+    masked_m = jnp.asarray(self.rng.integers(0, max_m + 1, groups), jnp.int32)
+    fn = shard_map(lambda *a: jgmm.masked_gmm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4],
+                                              preferred_element_type=jnp.float32, backend=self.backend),
+                   mesh=mesh, in_specs=(P("e"),) * 5, out_specs=P("e"))
+    out = jax.jit(fn)(x, w, masked_m, x_scale, w_scale)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"),
+                             masked_m)
+    self.assert_close(out, want)
+    m = 40
+    lhs = jnp.asarray(self.rng.standard_normal((m, k)), jnp.float32)
+    rhs = jnp.asarray(self.rng.standard_normal((groups, k, n)), jnp.float32)
+    sizes = jnp.asarray(self.rng.multinomial(m, np.full(groups, 1 / groups)), jnp.int32)
+
+    def local(lhs, rhs, sizes):  # Every device holds all rows and its expert; the partial outputs are summed.
+      offset = jax.lax.axis_index("e")
+      return jax.lax.psum(jgmm.fp8_gmm(lhs, rhs, sizes, group_offset=offset, backend=self.backend), "e")
+
+    out = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(), P("e"), P()), out_specs=P()))(lhs, rhs, sizes)
+    want = jax.jit(lambda: jgmm.fp8_gmm(lhs, rhs, sizes, backend=self.backend))()
+    self.assert_close(out, want, 1e-6)
 
   def test_jit_and_vmap(self):
     groups, max_m, n, k = 3, 8, 16, 40
