@@ -14,6 +14,10 @@ tgmm's scales run along M, per 128 rows on the global grid of M: lhs (MB, K) (lh
 rhs (MB, N), MB = cdiv(M, 128); its steps of BLOCK_K rows are aligned to that grid (a step's first row is a multiple
 of BLOCK_K), so each step lies in one scale block.
 
+Precision: Hopper's FP8 wgmma accumulates with reduced precision (~14 bits: a K = 7168 product accumulated
+in one tl.dot measured 1.9e-3 relative error on an H100). As DeepGEMM does, each BLOCK_K (<= 128) step's product
+starts from zero and is added to the float32 accumulator (promotion), also without block scales: ~2.5e-4.
+
 Loads: USE_TMA, operand tiles come through host-side tensor descriptors (Hopper TMA): lhs_desc over lhs viewed as
 (rows, K), rhs_desc over rhs (G, N, K) or (G, K, N) (zero padding past each group's K and N); a tile's rows past its
 group read other rows, which only feed output rows that are zeroed or not stored. Otherwise masked pointer loads, and
@@ -88,8 +92,8 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr
       else:
         scale = tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :]
       acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale  # One FMA per element (FP fusion).
-    else:
-      acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:  # A fresh product per step too: promoted to the float32 accumulator every BLOCK_K (module docstring).
+      acc += tl.dot(a, b, input_precision=DOT_PRECISION)
     a_ptr += BLOCK_K
     b_ptr += b_step
   if not LHS_BLOCKS:
