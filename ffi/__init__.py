@@ -10,6 +10,12 @@ interpreter gets Triton's TensorDescriptor over the host copy of x.
 Lowering needs the GPU's architecture: taken from the devices the computation runs on, or from
 JGMM_TARGET=cuda:90 | cuda:80 | rocm:gfx942 | rocm:gfx950, which also lets a CPU-only machine lower for a GPU
 platform. On the CPU platform, TRITON_INTERPRET=1 (read at lowering time) runs kernels in Triton's interpreter.
+
+CUDA machine code: Triton's PTX carries the newest ISA version its bundled ptxas knows (Triton 3.9: 9.4), which
+the ptxas jaxlib runs (CUDA 13.0's on a CUDA 13.0 machine) rejects. So jgmm (1) compiles for at most the PTX ISA
+of CUDA <major>.0 of jax's plugin (9.0 for jax_cuda13_plugin; JGMM_PTX_VERSION overrides; our kernels' PTX and
+SASS do not change), and (2) on jaxlib >= 0.11.1 hands jaxlib the cubin Triton's own ptxas assembled, which
+jaxlib loads without running any ptxas (JGMM_CUBIN=0: PTX only). See _compile.py and _jaxlib.py.
 """
 
 from jgmm.ffi._call import TensorDescriptor, triton_call

@@ -325,7 +325,8 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
                                    binary=compiled.binary,
                                    compute_capability=target.arch if target.platform == "cuda" else 0,
                                    grid=call.grid,
-                                   parameters=parameters)
+                                   parameters=parameters,
+                                   cubin=compiled.asm["cubin"] if _compile.cubin_loads_everywhere(target) else None)
   # jaxlib hands the kernel its buffers in order (operands, then results): results whose buffer the kernel
   # takes as a param come first, then the scratch, and aliased results it does not take go last.
   scratch_result = len(call.out_avals)

@@ -2,16 +2,24 @@
 
 Triton's own on-disk cache (TRITON_CACHE_DIR, default ~/.triton/cache) makes a second process skip the
 compiler passes; the in-process cache makes re-lowering within one process free.
+
+PTX version (CUDA): Triton stamps its PTX with the newest ISA its bundled ptxas knows (Triton 3.9: 9.4, from
+CUDA 13.4), which an older CUDA's ptxas rejects. jgmm asks Triton (its `ptx_version` option, which Triton's
+passes also see) for at most the ISA of the first release of the CUDA major version that jax's GPU plugin is
+built for (jax_cuda13_plugin: CUDA 13.0, ISA 9.0; jax_cuda12_plugin: 8.0), which every ptxas jaxlib accepts
+for that plugin can assemble, but never below the lowest ISA that can target the GPU (ptx_version).
+JGMM_PTX_VERSION=9.2 (say) names the version instead.
 """
 
 import dataclasses
+import functools
 import os
 import tempfile
 import threading
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, make_backend
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
@@ -19,6 +27,7 @@ from triton.runtime.jit import JITFunction
 from jgmm.ffi import _jaxlib
 
 TARGET_ENV = "JGMM_TARGET"
+PTX_VERSION_ENV = "JGMM_PTX_VERSION"
 
 
 class KernelCompileError(RuntimeError):
@@ -77,6 +86,60 @@ def device_target(platform: str, device) -> Target | None:
   return None
 
 
+# The lowest PTX ISA version that can target each compute capability (NVIDIA's PTX ISA notes; the 'a' variants
+# Triton uses from sm_90 on). Below it LLVM aborts the process, so a lower JGMM_PTX_VERSION is refused first.
+_MIN_PTX_VERSION = {80: 70, 86: 71, 87: 74, 89: 78, 90: 80, 100: 86, 101: 86, 103: 88, 110: 90, 120: 87, 121: 88}
+
+
+def ptx_version(target: Target) -> int | None:
+  """The PTX ISA version (major * 10 + minor) to compile `target` for; None for ROCm.
+
+    JGMM_PTX_VERSION if set; else Triton's own for the target, capped at the ISA of CUDA <jax plugin major>.0 but
+    never below the lowest that targets the architecture (a ptxas that knows the GPU knows that one too).
+    """
+  if target.platform != "cuda":
+    return None
+  lowest = _MIN_PTX_VERSION.get(target.arch)
+  text = os.environ.get(PTX_VERSION_ENV)
+  if text:
+    major, dot, minor = text.strip().partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and len(minor) == 1):
+      raise ValueError(f"{PTX_VERSION_ENV}={text!r}: expected a PTX ISA version such as 9.0 or 8.7")
+    version = int(major) * 10 + int(minor)
+    if lowest is not None and version < lowest:
+      raise ValueError(f"{PTX_VERSION_ENV}={text!r} cannot target {target}: it needs PTX {lowest // 10}.{lowest % 10} "
+                       "or newer")
+    return version
+  own = _triton_ptx_version(target)
+  cuda_major = _jaxlib.plugin_cuda_major()
+  if lowest is None or cuda_major is None:
+    return own
+  from triton.backends.nvidia import compiler as nvidia_compiler  # only where Triton has its NVIDIA backend
+
+  return min(own, max(lowest, nvidia_compiler.ptx_get_version(f"{cuda_major}.0")))
+
+
+def cubin_loads_everywhere(target: Target) -> bool:
+  """Whether the cubin Triton's bundled ptxas makes for `target` loads on every driver jax's CUDA plugin runs on:
+    that ptxas is of the plugin's CUDA major version or older (newer minor versions load through CUDA's minor
+    version compatibility; a newer major version does not, e.g. Triton 3.9's CUDA 13.4 cubins on a CUDA 12 driver)."""
+  cuda_major = _jaxlib.plugin_cuda_major()
+  if target.platform != "cuda" or cuda_major is None:
+    return False
+  from triton.backends.nvidia import compiler as nvidia_compiler
+
+  return _triton_ptx_version(target) < nvidia_compiler.ptx_get_version(f"{cuda_major + 1}.0")
+
+
+@functools.cache
+def _triton_ptx_version(target: Target) -> int:
+  """The PTX version Triton picks for a CUDA target by itself: the newest its bundled ptxas assembles."""
+  from triton.backends.nvidia import compiler as nvidia_compiler
+
+  return nvidia_compiler.get_ptx_version_from_options(make_backend(target.triton_target).parse_options({}),
+                                                      target.arch)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
   name: str  # the symbol in the binary
@@ -119,8 +182,9 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
     maxnreg: registers per thread at launch (CUDA), which a warp-specialised Gluon kernel redistributes.
     """
   fn = jit_function(kernel)
+  ptx = ptx_version(target)
   key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())),
-         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages, maxnreg)
+         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages, maxnreg, ptx)
   with _cache_lock:
     cached = _cache.get(key)
   if cached is not None:
@@ -129,11 +193,15 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
   options = {"num_warps": num_warps, "num_stages": num_stages}
   if maxnreg is not None:
     options["maxnreg"] = maxnreg
+  if ptx is not None:
+    options["ptx_version"] = ptx
   try:
     compiled = triton.compile(source, target=target.triton_target, options=options)
   except Exception as e:  # Triton raises CompilationError, RuntimeError (MLIR passes), AssertionError, ...
+    ptx_note = "" if ptx is None else f", PTX {ptx // 10}.{ptx % 10} (set {PTX_VERSION_ENV} to change it)"
     raise KernelCompileError(f"Triton failed to compile kernel {fn.__name__!r} for {target} (num_warps={num_warps}, "
-                             f"num_stages={num_stages}, constexprs={constexprs}): {type(e).__name__}: {e}") from e
+                             f"num_stages={num_stages}, constexprs={constexprs}{ptx_note}): "
+                             f"{type(e).__name__}: {e}") from e
   metadata = compiled.metadata
   if target.platform == "cuda":
     binary = compiled.asm["ptx"]

@@ -13,8 +13,20 @@ All versions launch the kernel with its parameters followed by two pointers for 
 command buffers): it passes an XLA-allocated buffer as one more array parameter, which lands in the kernel's
 global-scratch slot (see _call.py). All versions serialize the call into the same ``TritonAnyKernelCall``
 proto, read by the typed-FFI target ``triton_kernel_call_ffi`` (zlib-compressed, string attribute ``opaque``).
+
+How the kernel becomes machine code (CUDA): jaxlib assembles the PTX it is handed with a ptxas it finds on the
+machine (the CUDA toolkit of jax's plugin, /usr/local/cuda, PATH), never Triton's. From jaxlib 0.11.1 the proto's
+``TritonKernel.module_image`` (field 11: ``object_file`` 1, ``kernel_name`` 2, ``shared_mem_bytes`` 3) may carry
+the assembled binary instead, which jaxlib then loads as it is (cuModuleLoadData). The Python binding has no
+argument for it, so the field is appended to the serialized proto (protobuf merges a repeated embedded message
+into the first). jgmm hands jaxlib the cubin that Triton's bundled ptxas made (the binary Triton itself would
+launch) where every driver of jax's plugin loads it (_compile.cubin_loads_everywhere: that ptxas is of the
+plugin's CUDA major version or older), and keeps the PTX beside it (jaxlib keys its cache on it). JGMM_CUBIN=0
+hands PTX only, for jaxlib's ptxas to assemble.
 """
 
+import os
+import re
 import zlib
 
 import jax
@@ -22,6 +34,8 @@ from jax._src.lib import version as _jaxlib_version
 
 CUSTOM_CALL_TARGET = "triton_kernel_call_ffi"
 SUPPORTED_JAXLIB = ((0, 10, 2), (0, 13, 0))  # [lowest, first unsupported)
+MODULE_IMAGE_JAXLIB = (0, 11, 1)  # the first jaxlib whose TritonKernel proto takes an assembled binary
+CUBIN_ENV = "JGMM_CUBIN"
 
 
 def _gpu_triton():
@@ -42,6 +56,13 @@ def check_supported() -> None:
         "kernel-call API may differ: update ffi/_jaxlib.py after checking TritonKernel's signature.")
 
 
+def has_plugin() -> bool:
+  """Whether a jax GPU plugin's Triton bindings are installed: lowering a Triton kernel needs one, even on a CPU
+  machine (jax-cuda13-plugin: pip install 'jgmm[cuda]')."""
+  gpu_triton = _gpu_triton()
+  return gpu_triton._cuda_triton is not None or gpu_triton._hip_triton is not None
+
+
 def plugin(platform: str):
   """jaxlib's Triton bindings for 'cuda' or 'rocm'.
 
@@ -55,8 +76,43 @@ def plugin(platform: str):
   module = own or other
   if module is None:
     raise RuntimeError(f"lowering a Triton kernel for {platform!r} needs a jax GPU plugin (jax-cuda13-plugin / "
-                       "jax-rocm-plugin) installed, even to lower without a GPU")
+                       "jax-rocm-plugin) installed, even to lower without a GPU: pip install 'jgmm[cuda]'")
   return module
+
+
+def plugin_cuda_major() -> int | None:
+  """The CUDA major version jax's CUDA plugin is built for (jax_cuda13_plugin: 13), or None without one."""
+  module = _gpu_triton()._cuda_triton
+  match = re.match(r"jax_cuda(\d+)_plugin", getattr(module, "__name__", ""))
+  return int(match.group(1)) if match else None
+
+
+def takes_cubin() -> bool:
+  """Whether jgmm hands jaxlib an assembled cubin (jaxlib >= 0.11.1, unless JGMM_CUBIN=0)."""
+  return tuple(_jaxlib_version[:3]) >= MODULE_IMAGE_JAXLIB and os.environ.get(CUBIN_ENV, "1") != "0"
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while n > 0x7F:
+    out.append(n & 0x7F | 0x80)
+    n >>= 7
+  out.append(n)
+  return bytes(out)
+
+
+def _field(number: int, value: bytes | int) -> bytes:
+  """One serialized protobuf field: a varint (int value) or length-delimited (bytes value)."""
+  if isinstance(value, int):
+    return _varint(number << 3) + _varint(value)
+  return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def module_image_field(kernel_name: str, cubin: bytes, shared_mem_bytes: int) -> bytes:
+  """Serialized TritonAnyKernelCall{kernel_call: {kernel: {module_image: {object_file, kernel_name, shared_mem}}}}:
+    appended to a serialized call, it sets that call's module image."""
+  image = _field(1, cubin) + _field(2, kernel_name.encode()) + _field(3, shared_mem_bytes)
+  return _field(1, _field(1, _field(11, image)))
 
 
 def supports_tma_descriptors(module) -> bool:
@@ -91,8 +147,14 @@ def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tup
 
 
 def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int, binary: str,
-                    compute_capability: int, grid: tuple, parameters: list) -> bytes:
-  """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto."""
+                    compute_capability: int, grid: tuple, parameters: list, cubin: bytes | None = None) -> bytes:
+  """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto.
+
+    cubin: the kernel assembled for compute_capability, carried as its module image where takes_cubin().
+    """
   kernel = module.TritonKernel(kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability)
   call = module.TritonKernelCall(kernel, *grid, parameters)
-  return zlib.compress(call.to_proto(call_name, b""))
+  proto = call.to_proto(call_name, b"")
+  if cubin and takes_cubin():
+    proto += module_image_field(kernel_name, cubin, shared_mem_bytes)
+  return zlib.compress(proto)

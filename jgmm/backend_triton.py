@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jgmm import config_table, ffi
+from jgmm import backend_xla, config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
@@ -147,9 +147,15 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     out = jnp.zeros((0, n_out), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((0, n), out_dtype)) if save_preactivation else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, m / num_groups, k, n,
-                                 arch=device.arch, out_dtype=out_dtype.name, swiglu=swiglu, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "gmm_t" if transpose_rhs else "gmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups,
+      transpose=transpose_rhs, activation=activation, bias=bias is not None, accumulate=existing_out is not None),
+      arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.gmm(lhs, rhs, bounds, bias, existing_out, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                           activation=activation, save_preactivation=save_preactivation, config=None,
+                           precision=precision)
+  config = choice.config
   if (config.warp_specialized and device.arch == "sm90" and device.tma and bias is None and existing_out is None
       and activation is None and not save_preactivation and lhs.dtype.name in ("bfloat16", "float16")
       and out_dtype.name in ("bfloat16", "float16") and geometry.gmm_ws_ok(
@@ -158,6 +164,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
     return _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device)
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       m, k, n_out, lhs.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n, config.block_k)
+  tma_store = config.tma_store and use_tma and geometry.gmm_tma_store_ok(m, n_out, out_dtype.itemsize,
+                                                                        config.block_n)
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
@@ -178,7 +186,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision))
   return (out, h) if save_preactivation else out
 
 
@@ -197,9 +205,13 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
     out = jnp.zeros((num_groups, k, n), out_dtype) if existing_out is None else existing_out
     return (out, jnp.zeros((num_groups, n), jnp.float32)) if bias_grad else out
   device = _device()
-  if config is None:
-    config = config_table.lookup("tgmm", lhs.dtype.name, m / num_groups, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "tgmm", lhs.dtype.name, out_dtype.name, m / num_groups, k, n, num_groups, transpose=transpose_lhs,
+      bias=bias_grad, accumulate=existing_out is not None), arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.tgmm(lhs, rhs, bounds, existing_out, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                            bias_grad=bias_grad, config=None, precision=precision)
+  config = choice.config
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
@@ -224,9 +236,13 @@ def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precisio
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  if config is None:
-    config = config_table.lookup("masked", x.dtype.name, expected_m or max_m, k, n, arch=device.arch,
-                                 out_dtype=out_dtype.name, device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups, transpose=not transpose_w),
+      arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return (backend_xla.masked_gmm if transpose_w else backend_xla.masked_gmm_kn)(
+        x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None, precision=precision)
+  config = choice.config
   use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
       num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
       config.block_k)
@@ -273,9 +289,12 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
   if m == 0:
     return jnp.zeros((num_groups, k, n), out_dtype)
   device = _device()
-  if config is None:
-    config = config_table.lookup("tgmm", lhs.dtype.name, max_m, k, n, arch=device.arch, out_dtype=out_dtype.name,
-                                 device_kind=device.kind)
+  choice = config_table.select(config_table.make_key(
+      "tgmm", lhs.dtype.name, out_dtype.name, max_m, k, n, num_groups, transpose=True), arch=device.arch,
+      device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.masked_tgmm(lhs, rhs, masked_m, out_dtype=out_dtype, config=None, precision=precision)
+  config = choice.config
   (out, _) = ffi.triton_call(
       lhs.reshape(m, k), rhs.reshape(m, n), masked_m, masked_m, m, kernel=tgmm_kernels.tgmm_kernel,
       out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)],
@@ -294,12 +313,15 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
 # of one dimension fewer than its operand is per row / per channel, else per block.
 
 
-def _fp8_config(op, dtype, rows_per_group, k, n, out_dtype, config, device):
-  """The looked-up (or given) config, with block_k at most 128: a K step must stay inside one scale block."""
-  if config is None:
-    config = config_table.lookup(op, dtype.name, rows_per_group, k, n, arch=device.arch, out_dtype=out_dtype.name,
-                                 device_kind=device.kind)
-  return dataclasses.replace(config, block_k=min(config.block_k, fp8_kernels.SCALE_BLOCK.value))
+def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
+  """The selected config of an FP8 op (None where the table picks the portable backend), with block_k at most 128:
+  a K step must stay inside one scale block. scale: the recipe's name in the table key, e.g. "1x128-128x128"."""
+  choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
+                                                     scale=scale, **flags),
+                               arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return None
+  return dataclasses.replace(choice.config, block_k=min(choice.config.block_k, fp8_kernels.SCALE_BLOCK.value))
 
 
 def _persistent_grid(tiles, config, device):
@@ -327,7 +349,12 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   if m == 0:
     return jnp.zeros((0, n), out_dtype)
   device = _device()
-  config = _fp8_config("gmm_fp8", lhs.dtype, m / num_groups, k, n, out_dtype, config, device)
+  scale = f"{'1x128' if lhs_scale.ndim == 2 else 'row'}-{'128x128' if rhs_scale.ndim == 3 else 'channel'}"
+  config = _fp8_config("gmm_t_fp8" if transpose_rhs else "gmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n,
+                       num_groups, scale, config, device, transpose=transpose_rhs)
+  if config is None:
+    return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
+                               out_dtype=out_dtype, config=None)
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
   use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
   return ffi.triton_call(
@@ -349,7 +376,11 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  config = _fp8_config("masked_fp8", x.dtype, expected_m or max_m, k, n, out_dtype, config, device)
+  scale = f"{'1x128' if x_scale.ndim == 3 else 'row'}-{'128x128' if w_scale.ndim == 3 else 'channel'}"
+  config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups, scale, config, device)
+  if config is None:
+    return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
+                                      config=None)
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
   use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(
@@ -371,7 +402,11 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype
   if m == 0:
     return jnp.zeros((num_groups, k, n), out_dtype)
   device = _device()
-  config = _fp8_config("tgmm_fp8", lhs.dtype, m / num_groups, k, n, out_dtype, config, device)
+  config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups, "128x1", config, device,
+                       transpose=transpose_lhs)
+  if config is None:
+    return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
+                                out_dtype=out_dtype, config=None)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,

@@ -1,42 +1,48 @@
-"""Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs and torch._grouped_mm.
+"""Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs, torch._grouped_mm and (where
+importable) OpenAI's triton_kernels.
 
-    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune] [--fp8]
+    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune] [--fp8]      (or: jgmm-bench ...)
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (jax.value_and_grad of a scalar loss; torch autograd) side by side in one
 process. Prints ms (median of timed batches), TFLOP/s, % of speed of light (speed_of_light_ms with the H200
 ceilings of moe_shapes.py, and with this GPU's own, measured at start by measure_ceilings) and ratios; writes
-bench.json (and bench.png if matplotlib imports) to --out. Timing: wall clock around a batch of asynchronous calls
-ended by one synchronisation (the same for JAX and torch), median of several batches, after warm-up.
+bench.json (and bench.png if matplotlib imports: the [bench] extra) to --out and says where. Timing
+(jgmm.timing): wall clock around a batch of asynchronous calls ended by one synchronisation (the same for JAX
+and torch), median of several batches, after warm-up.
 Implementations are timed round-robin, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
 
---tune sweeps candidate configs of every kernel each case runs (gmm forward, gmm with rhs transposed for
-d lhs, tgmm for d rhs; --tune-ops picks) and writes tuned.json: the table this GPU reads with the fastest
-configs put in, to ship as configs/<arch>-<model>.json (jgmm.config_table.table_files names it). Timings and
-lessons of each kernel version: docs/perf-notes.md.
+triton_kernels (python/triton_kernels of the Triton repository: a peer to measure, never a dependency of jgmm)
+is timed where it imports, forward only: its ragged matmul_ogs on the case's group sizes, with the ragged
+metadata built once outside the timing (as torch's group offsets are), on torch's inputs, its output checked
+against torch's. JGMM_TRITON_KERNELS=DIR puts DIR (the folder holding the triton_kernels package) first on
+sys.path: from the repository root a plain `import triton_kernels` finds jgmm's own kernels folder instead.
+
+--tune first tunes every kernel each case runs (gmm forward, gmm with rhs transposed for d lhs, tgmm for d rhs;
+--tune-ops picks) with jgmm-tune (jgmm/tune.py) into DIR/tuned.json, a table to use with JGMM_CONFIG_FILES or
+to merge into configs/<arch>-<model>.json (jgmm.config_table.table_files names it); the benchmark that follows
+does not read it unless JGMM_CONFIG_FILES names it. Timings and lessons of each kernel version:
+docs/perf-notes.md.
 
 --fp8 runs the FP8 section instead (jgmm.bench_fp8: DeepGEMM's cases, torch's FP8 peers; --cases filters its
 case names; --tune sweeps the FP8 kernels' configs first).
 """
 import argparse
-import dataclasses
-import functools
 import json
 import os
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import triton
 
 import jgmm
-from jgmm import backend_triton, config_table
-from jgmm.config import Config
-from jgmm.ops import group_bounds
+from jgmm import tune
+from jgmm.timing import jax_sync, time_interleaved, time_ms
 
 # From ../shared/perf/moe_shapes.py (the GPU machine gets only this repository): (name, M, K, N, G).
 CASES = [
@@ -69,48 +75,9 @@ def measure_ceilings(repeats=5):
   a, b = (jax.random.normal(key, (8192, 8192), jnp.bfloat16) for key in (k1, k2))
   big = jax.random.uniform(k3, (2**29,), jnp.float32)
   dot, add = jax.jit(jnp.dot), jax.jit(lambda x: x + 1.0)
-  dot_ms = min(time_ms(lambda: dot(a, b), _jax_sync, batches=1) for _ in range(repeats))
-  add_ms = min(time_ms(lambda: add(big), _jax_sync, batches=1) for _ in range(repeats))
+  dot_ms = min(time_ms(lambda: dot(a, b), jax_sync, batches=1) for _ in range(repeats))
+  add_ms = min(time_ms(lambda: add(big), jax_sync, batches=1) for _ in range(repeats))
   return 2 * 8192**3 / dot_ms * 1e3, 2 * big.nbytes / add_ms * 1e3
-
-
-def time_ms(fn, sync, min_batch_s=0.05, batches=7):
-  """Median ms per call of fn() over `batches` timed batches (each ended by sync()), after warm-up."""
-  return time_interleaved({"fn": (fn, sync)}, min_batch_s, batches)["fn"]
-
-
-def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
-  """{name: median ms per call} of fns {name: (fn, sync)}.
-
-  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
-  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
-  slows down within a second). A fn whose single warm call takes longer than cap_s is timed by that call.
-  """
-  reps, result = {}, {}
-  for name, (fn, sync) in fns.items():
-    sync(fn())
-    start = time.perf_counter()
-    sync(fn())
-    per_call = max(time.perf_counter() - start, 1e-6)
-    if cap_s is not None and per_call > cap_s:
-      result[name] = 1e3 * per_call
-    else:
-      reps[name] = max(1, int(min_batch_s / per_call))
-  samples = {name: [] for name in reps}
-  for _ in range(batches):
-    for name in reps:
-      fn, sync = fns[name]
-      start = time.perf_counter()
-      for _ in range(reps[name] - 1):
-        fn()
-      sync(fn())
-      samples[name].append((time.perf_counter() - start) / reps[name])
-  result.update({name: 1e3 * statistics.median(times) for name, times in samples.items()})
-  return result
-
-
-def _jax_sync(x):
-  jax.block_until_ready(x)
 
 
 class Inputs:
@@ -147,13 +114,19 @@ def _jax_impls(inp):
   }
 
 
+def _torch_sync(_):
+  import torch
+  torch.cuda.synchronize()
+
+
 def _torch_impls(inp, m, k, n, g):
+  """((forward, forward+backward) of torch._grouped_mm, its inputs (x, w_nk, offs)), or None without torch."""
   try:
     import torch
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
-      return None, None
+      return None
   except ImportError:
-    return None, None
+    return None
   torch.manual_seed(0)
   x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k**0.5
   w_nk = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)  # (G, K, N) with column-major planes
@@ -171,21 +144,66 @@ def _torch_impls(inp, m, k, n, g):
     out.backward(dout)
     return out
 
-  def sync(_):
-    torch.cuda.synchronize()
-
-  return (fwd, fwd_bwd), sync
+  return (fwd, fwd_bwd), (x, w_nk, offs)
 
 
-def bench_case(name, m, k, n, g, ragged_cap_s, ceilings):
+TRITON_KERNELS_ENV = "JGMM_TRITON_KERNELS"
+
+
+def triton_kernels_peer():
+  """OpenAI's triton_kernels as a namespace (matmul_ogs, RoutingData, make_ragged_tensor_metadata), or None where
+  it does not import (the reason is printed where JGMM_TRITON_KERNELS names a folder)."""
+  folder = os.environ.get(TRITON_KERNELS_ENV)
+  if folder:
+    sys.path.insert(0, os.path.abspath(folder))
+  try:
+    from triton_kernels.matmul_ogs import RoutingData, matmul_ogs
+    from triton_kernels.tensor import make_ragged_tensor_metadata
+  except Exception as e:  # ImportError, or a triton_kernels that does not match this Triton
+    if folder:
+      print(f"triton_kernels from {folder} does not import: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return None
+  return argparse.Namespace(matmul_ogs=matmul_ogs, RoutingData=RoutingData,
+                            make_ragged_tensor_metadata=make_ragged_tensor_metadata)
+
+
+def _triton_kernels_forward(peer, m, g, torch_inputs):
+  """Forward of triton_kernels' ragged matmul on torch's inputs (w made row-major (G, K, N)); raises where its
+  output differs from torch._grouped_mm's."""
+  import torch
+  x, w_nk, offs = torch_inputs
+  w = w_nk.transpose(-2, -1).contiguous()
+  sizes = torch.diff(offs, prepend=offs.new_zeros(1)).int()
+  metadata = peer.make_ragged_tensor_metadata(sizes, m)
+  routing = peer.RoutingData(None, metadata.slice_sizes, g, 1, metadata)
+
+  def fwd():
+    return peer.matmul_ogs(x, w, None, routing)
+
+  expected = torch._grouped_mm(x, w_nk.transpose(-2, -1), offs=offs).float()
+  error = (fwd().reshape(expected.shape).float() - expected).abs().max().item()
+  scale = expected.abs().max().item()
+  if not error <= 0.02 * scale:
+    raise ValueError(f"triton_kernels' output differs from torch's by {error:.3g} (largest |value| {scale:.3g})")
+  return fwd
+
+
+def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None):
   """Timings of every implementation on one case: forwards interleaved, then forward+backwards. % of speed of light
-  against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device)."""
+  against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device). peer: what
+  triton_kernels_peer() returned."""
   flops = 2 * m * k * n
   inp = Inputs(m, k, n, g)
-  impls = {impl: (fwd, fwd_bwd, _jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
-  torch_fns, torch_sync = _torch_impls(inp, m, k, n, g)
-  if torch_fns is not None:
-    impls["torch_grouped_mm"] = (*torch_fns, torch_sync)
+  impls = {impl: (fwd, fwd_bwd, jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
+  torch_impls = _torch_impls(inp, m, k, n, g)
+  if torch_impls is not None:
+    torch_fns, torch_inputs = torch_impls
+    impls["torch_grouped_mm"] = (*torch_fns, _torch_sync)
+    if peer is not None:
+      try:
+        impls["triton_kernels"] = (_triton_kernels_forward(peer, m, g, torch_inputs), None, _torch_sync)
+      except Exception as e:  # A triton_kernels that does not run with this Triton, or a wrong output.
+        print(f"  {name} triton_kernels: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
   forward = {}
   for impl, (fwd, _, sync) in impls.items():
     try:
@@ -229,15 +247,22 @@ def _print_table(results):
     fb = [r["impls"]["torch_grouped_mm"]["fwd_bwd_ms"] / r["impls"]["jgmm"]["fwd_bwd_ms"] for r in with_torch]
     print(f"\njgmm vs torch._grouped_mm geomean: forward {statistics.geometric_mean(fwd):.3f}x, "
           f"forward+backward {statistics.geometric_mean(fb):.3f}x")
+  with_peer = [r for r in results if "triton_kernels" in r["impls"] and "jgmm" in r["impls"]]
+  if with_peer:
+    fwd = {r["case"]: r["impls"]["triton_kernels"]["fwd_ms"] / r["impls"]["jgmm"]["fwd_ms"] for r in with_peer}
+    print("jgmm vs triton_kernels forward: " + ", ".join(f"{case} {x:.2f}x" for case, x in fwd.items()) +
+          f"; geomean {statistics.geometric_mean(fwd.values()):.3f}x")
 
 
 def _plot(results, path):
+  """Bar chart of each case's forward % of this GPU's speed of light, written to path. Returns a line saying where
+  it went, or why none was written."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
-    return
+    return "no plot written: matplotlib is not installed (pip install 'jgmm[bench]' or matplotlib)"
   impls = sorted({i for r in results for i in r["impls"]})
   fig, ax = plt.subplots(figsize=(10, 4))
   width = 0.8 / len(impls)
@@ -250,95 +275,17 @@ def _plot(results, path):
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return f"wrote the plot to {path}"
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Tuning
-
-_GMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    Config(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
-    # Two programs per SM (98 KB of shared memory and <= 255 registers of 128 threads each).
-    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
-    Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, programs_per_sm=2),
-    Config(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
-    # The warp-specialised Gluon kernel (gmm_kernel with the same tiles where it does not apply).
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
-]
-_SMALL_GMM_CANDIDATES = [
-    Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=5),
-    Config(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=6),
-    Config(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6),
-    Config(block_m=16, block_n=128, block_k=64, num_warps=4, num_stages=8),
-    Config(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4),
-]
-_TGMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
-    Config(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
-]
-_SMALL_TGMM_CANDIDATES = [
-    Config(block_m=128, block_n=256, block_k=16, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3),
-    Config(block_m=128, block_n=128, block_k=16, num_warps=4, num_stages=4),
-]
-
-
-def tune_case(m, k, n, g, ops):
-  """{table key: fields of the fastest config} for the kernels `ops` ("gmm": forward, "gmm_t": d lhs, "tgmm":
-  d rhs) of one case's forward and backward."""
-  inp = Inputs(m, k, n, g)
-  bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-  x, w, dout = inp.x, inp.w, inp.dout
-  small = m / g <= 32
-
-  def gmm(lhs, rhs, bounds, config, transpose_rhs):
-    return backend_triton.gmm(lhs, rhs, bounds, None, None, transpose_rhs=transpose_rhs, out_dtype=jnp.bfloat16,
-                              activation=None, save_preactivation=False, config=config)
-
-  def tgmm(lhs, rhs, bounds, config):
-    return backend_triton.tgmm(lhs, rhs, bounds, None, transpose_lhs=True, out_dtype=jnp.bfloat16,
-                               bias_grad=False, config=config)
-
-  kernels = {  # key: (candidates, fn(config, transpose) -> out, its array arguments)
-      config_table.table_key("gmm", "bfloat16", m / g, k, n): (
-          _SMALL_GMM_CANDIDATES if small else _GMM_CANDIDATES, functools.partial(gmm, transpose_rhs=False),
-          (x, w, bounds)),
-      config_table.table_key("gmm_t", "bfloat16", m / g, n, k): (
-          _SMALL_GMM_CANDIDATES if small else _GMM_CANDIDATES, functools.partial(gmm, transpose_rhs=True),
-          (dout, w, bounds)),
-      config_table.table_key("tgmm", "bfloat16", m / g, k, n): (
-          _SMALL_TGMM_CANDIDATES if small else _TGMM_CANDIDATES, tgmm, (x, dout, bounds)),
-  }
-  # gmm kernels: each candidate with TMA loads and with pointer loads, where the device has TMA.
-  tma_variants = (True, False) if backend_triton._device().tma else (False,)
-  best = {}
-  for key, (candidates, run, arrays) in kernels.items():
-    op = key.split("/")[0]
-    if op not in ops:
-      continue
-    timings = []
-    variants = (False,) if op == "tgmm" else tma_variants
-    for config in [dataclasses.replace(c, tma=t) for c in candidates for t in variants]:
-      jitted = jax.jit(functools.partial(run, config=config))
-      try:
-        ms = time_ms(lambda: jitted(*arrays), _jax_sync, min_batch_s=0.02, batches=5)
-      except Exception as e:  # A config that does not compile or launch is skipped.
-        print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        continue
-      timings.append((ms, config, jitted))
-      print(f"  {key} {ms:.3f} ms {config}", flush=True)
-    # Bursts drift with the GPU's clocks: the three fastest are timed again, interleaved, to pick one.
-    finalists = sorted(timings, key=lambda t: t[0])[:3]
-    if finalists:
-      rerun = time_interleaved({i: (functools.partial(jitted, *arrays), _jax_sync)
-                                for i, (_, _, jitted) in enumerate(finalists)}, min_batch_s=0.03, batches=5)
-      i = min(rerun, key=rerun.get)
-      best[key] = dataclasses.asdict(finalists[i][1])
-      print(f"  best {key}: {rerun[i]:.3f} ms {finalists[i][1]}", flush=True)
-  return best
+def tune_argv(cases, ops, out):
+  """jgmm-tune's arguments for the kernels `ops` of each case's forward and backward (gmm, gmm_t, tgmm)."""
+  shapes = []
+  for _, m, k, n, g in cases:
+    for op, kk, nn in (("gmm", k, n), ("gmm_t", n, k), ("tgmm", k, n)):
+      shapes += ["--shape", f"{op},{m},{kk},{nn},{g}"]
+  return [*shapes, "--ops", ops, "--output", os.path.join(out, "tuned.json")]
 
 
 def main(argv=None):
@@ -348,46 +295,43 @@ def main(argv=None):
   parser.add_argument("--ragged-cap", type=float, default=1.0,
                       help="seconds: ragged_dot is timed by a single call once one call takes longer")
   parser.add_argument("--tune", action="store_true",
-                      help="sweep configs; write tuned.json: this GPU's table updated with the fastest")
+                      help="tune the cases' kernels first (jgmm-tune): DIR/tuned.json, a table for JGMM_CONFIG_FILES")
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
   args = parser.parse_args(argv)
-  if jax.devices()[0].platform != "gpu":
-    sys.exit("jgmm.bench needs a GPU")
   os.makedirs(args.out, exist_ok=True)
   if args.fp8:
+    if jax.devices()[0].platform != "gpu":
+      sys.exit("jgmm.bench needs a GPU")
     from jgmm import bench_fp8  # Imports jgmm.bench: a cycle resolved at call time.
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
     bench_fp8.run(args.out, args.cases, args.tune)
     return
   cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
-  device = jax.devices()[0]
-  print(f"device: {device.device_kind}, jax {jax.__version__}", flush=True)
-  if args.tune:
-    gpu = backend_triton._device()
-    table = {key: dataclasses.asdict(config) for key, config in config_table._table(gpu.arch, gpu.kind).items()}
-    for name, m, k, n, g in cases:
-      print(f"tuning {name}", flush=True)
-      table.update(tune_case(m, k, n, g, args.tune_ops.split(",")))
-    with open(os.path.join(args.out, "tuned.json"), "w") as f:
-      json.dump({"entries": table}, f, indent=1, sort_keys=True)
-    print(f"wrote tuned.json: this GPU's table, to ship as configs/{config_table.table_files(gpu.arch, gpu.kind)[0]}",
-          flush=True)
+  if args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
+    tune.main(tune_argv(cases, args.tune_ops, args.out))
   if args.no_bench:
     return
+  if jax.devices()[0].platform != "gpu":
+    sys.exit("jgmm.bench needs a GPU")
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind}, jax {jax.__version__}, triton {triton.__version__}", flush=True)
   ceilings = measure_ceilings()
   print(f"ceilings measured here: {ceilings[0] / 1e12:.0f} TFLOP/s bf16, {ceilings[1] / 1e12:.2f} TB/s "
         f"(H200 defaults: {H200_CEILINGS[0] / 1e12:.0f}, {H200_CEILINGS[1] / 1e12:.2f})", flush=True)
+  peer = triton_kernels_peer()
   results = []
   for name, m, k, n, g in cases:
     print(f"benchmarking {name}", flush=True)
-    results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings))
+    results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings, peer))
   _print_table(results)
-  with open(os.path.join(args.out, "bench.json"), "w") as f:
-    json.dump({"device": device.device_kind, "jax": jax.__version__, "ceilings": {"flops": ceilings[0],
-               "bytes_per_s": ceilings[1]}, "results": results}, f, indent=1)
-  _plot(results, os.path.join(args.out, "bench.png"))
+  json_path = os.path.join(args.out, "bench.json")
+  with open(json_path, "w") as f:
+    json.dump({"device": device.device_kind, "jax": jax.__version__, "triton": triton.__version__,
+               "ceilings": {"flops": ceilings[0], "bytes_per_s": ceilings[1]}, "results": results}, f, indent=1)
+  print(f"wrote the results to {json_path}")
+  print(_plot(results, os.path.join(args.out, "bench.png")))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@
 Cases of issue 15 (DeepGEMM's): masked G x expected_m in {1x1024, 2x512, 4x256, 32x192, 6x1024, 32x20} with
 masked_m[g] uniform in [0.7, 1.3] x expected_m (DeepGEMM's test) and max_m = that bound rounded up to 128;
 contiguous G x rows in {4x8192, 8x4096}; (N, K) in {(4096, 7168), (7168, 2048)}. Implementations, timed
-round-robin in one process (bench.time_interleaved): jgmm FP8 with DeepSeek-V3 blocks (1x128 activations,
+round-robin in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 blocks (1x128 activations,
 128x128 weights), jgmm FP8 per row / per channel, jgmm bf16, torch._scaled_grouped_mm (rowwise scales) where it
 accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
 The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES.
 
 With --tune, each case's FP8 kernel (1x128 / 128x128) is first timed with every config of FP8_CANDIDATES; the
-fastest per table key goes to out_dir/tuned_fp8.json (entries for configs/<arch>-<model>.json).
+fastest per config_table key goes to out_dir/tuned_fp8.json ({key: Config fields}, to enter in the tables).
 """
 import dataclasses
 import json
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import bench, config_table, quantize
+from jgmm import bench, config_table, quantize, timing
 from jgmm.config import Config
 
 MASKED_CASES = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]  # (G, expected_m)
@@ -68,18 +68,19 @@ def tune_case(layout, g, rows, n, k):
     groups = jnp.asarray(_masked_m(g, rows))
     run = lambda config: jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(
         xq, wq, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config))
-    key = config_table.table_key("masked_fp8", "float8_e4m3fn", rows, k, n)
+    key = config_table.make_key("masked_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, scale="1x128-128x128")
   else:
     xq, xs = quantize.quantize(jax.random.normal(k1, (g * rows, k), jnp.bfloat16), "1x128")
     groups = jnp.full((g,), rows, jnp.int32)
     run = lambda config: jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(
         xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config))
-    key = config_table.table_key("gmm_fp8", "float8_e4m3fn", rows, k, n)
+    key = config_table.make_key("gmm_t_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, transpose=True,
+                                scale="1x128-128x128")
   timings = {}
   for i, config in enumerate(FP8_CANDIDATES):
     fn = run(config)
     try:
-      timings[i] = bench.time_ms(lambda: fn(xq, xs, wq, ws, groups), bench._jax_sync, min_batch_s=0.02, batches=5)
+      timings[i] = timing.time_ms(lambda: fn(xq, xs, wq, ws, groups), timing.jax_sync, min_batch_s=0.02, batches=5)
     except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is skipped
       print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
       continue
@@ -88,7 +89,7 @@ def tune_case(layout, g, rows, n, k):
     return {}
   best = min(timings, key=timings.get)
   print(f"  best {key}: {timings[best]:.3f} ms {FP8_CANDIDATES[best]}", flush=True)
-  return {key: dataclasses.asdict(FP8_CANDIDATES[best])}
+  return {str(key): dataclasses.asdict(FP8_CANDIDATES[best])}
 
 
 def _jax_masked(x, w, masked_m, expected_m):
@@ -175,9 +176,9 @@ def bench_fp8_case(layout, g, rows, n, k):
     x = jax.random.normal(k1, (valid, k), jnp.bfloat16)
     impls = _jax_contiguous(x, w_nk, np.full(g, rows, np.int32))
     torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
-  fns = {name: (fn, bench._jax_sync) for name, fn in impls.items()}
+  fns = {name: (fn, timing.jax_sync) for name, fn in impls.items()}
   fns.update({name: (fn, torch_sync) for name, fn in torch_fns.items()})
-  ms = bench.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
   flops = 2 * valid * n * k
   return {"layout": layout, "g": g, "rows": rows, "n": n, "k": k, "valid_rows": valid,
           "deepgemm_tflops": DEEPGEMM.get((layout, g, rows, n, k)),
@@ -193,8 +194,8 @@ def bench_recipe(name, m, k, n, g):
 
   fp8, bf16 = fwd_bwd(jgmm.fp8_gmm), fwd_bwd(jgmm.gmm)
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
-  ms = bench.time_interleaved({"fp8_gmm": (lambda: fp8(*args), bench._jax_sync),
-                               "gmm_bf16": (lambda: bf16(*args), bench._jax_sync)}, min_batch_s=0.03, batches=5)
+  ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
+                               "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
           "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
           "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}

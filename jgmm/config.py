@@ -16,6 +16,9 @@ class Config:
   tma: gmm and masked_gmm on Hopper: load tiles through tensor descriptors (TMA) where the shapes allow
     (True), or always use plain pointer loads (False). tgmm always loads through pointers (measured faster
     than its earlier TMA path).
+  tma_store: gmm_kernel with tma (Hopper): each output tile leaves through one TMA store clipped to its group's
+    rows by a device-side "ragged" descriptor (common.store_group_tile; in two column halves, so that 4 stages of
+    128 x 256 x 64 still fit), instead of masked pointer stores. Experimental (default off) until measured.
   warp_specialized: gmm on Hopper (sm_90): the warp-specialised Gluon kernel (triton_kernels/gmm_ws.py: a TMA
     loader warp and two consumer warpgroups, one program per SM) where it applies: 2-byte inputs and output, no
     bias, activation or existing_out, block_m 128, K a multiple of block_k unless rhs is transposed. num_stages
@@ -30,13 +33,14 @@ class Config:
   persistent: bool = True
   programs_per_sm: int = 1
   tma: bool = True
+  tma_store: bool = False
   warp_specialized: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
-    for name in ("persistent", "tma", "warp_specialized"):
+    for name in ("persistent", "tma", "tma_store", "warp_specialized"):
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):

@@ -1,49 +1,243 @@
-"""Kernel configs: the tuned tables in configs/, a heuristic fallback, and the JGMM_CONFIG override.
+"""Tuned dispatch: which backend and kernel config each call uses, from tables in configs/ and user files.
 
-A GPU reads configs/<arch>-<model>.json where one was tuned on its model (<model>: the device kind, lowercased, runs
+A GPU reads configs/<arch>-<model>.json where one ships for its model (<model>: the device kind, lowercased, runs
 of other characters as "_", e.g. sm90-nvidia_h100_80gb_hbm3.json), else configs/<arch>.json (sm90.json: tuned on
 an H200). GPUs of one architecture can want different configs: on an H100 (less memory bandwidth, a smaller L2)
 the warp-specialised gmm measured 5-12% slower than gmm_kernel where it is the fastest on an H200.
+JGMM_CONFIG_FILES=/a.json:/b.json merges user tables over it, earlier paths winning (any platform, the Triton
+interpreter included). `jgmm-tune` (jgmm/tune.py) writes such files.
 
-Table keys are "<op>/<dtype>/r<rows per group>/k<K>/n<N>", each size rounded up to a power of two:
-  op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K)), and the
-    FP8 ops with scales (jgmm.fp8) "gmm_fp8", "masked_fp8", "tgmm_fp8" (block_k <= 128: one scale block per step);
-  dtype: the input element type, "bf16", "fp16", "fp32", "fp8e4m3" (float8_e4m3fn) or "fp8e4m3fnuz";
-  rows per group: M / G for gmm and tgmm, expected_m (or max_m) for masked.
-Values are Config fields. Meaning of the blocks per op: gmm and masked tile the output (block_m rows x
-block_n columns) and step block_k along K; tgmm tiles its (K, N) output with block_m along K and block_n
-along N and reduces block_k group rows per step. With activation="swiglu", block_n counts output columns:
-each tile reads 2 * block_n rhs columns (gate and up), so the lookup halves the block_n it finds.
+A table (JSON, schema 2, one entry per line):
+  {"schema": 2, "comment": "optional: where the entries come from", "entries": [ENTRY, ...]}
+  ENTRY: the key fields
+    op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K)), or an
+      FP8 op: "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8";
+    in_dtype, out_dtype: "bf16", "fp16", "fp32", "fp8e4m3", "fp8e4m3fnuz", "fp8e5m2";
+    rows: rows per group (M / G for gmm and tgmm, expected_m or max_m for masked) rounded up to a power of two;
+    k: the reduction size, n: the output columns (gmm/masked: rhs columns, both halves with swiglu; tgmm: out
+      (G, K, N)), g: the groups of the call, all exact;
+    transpose: the op's transposed operand (gmm_t: true, gmm and masked: false, tgmm: transpose_lhs);
+    activation: null or the activation's name; bias: bias (gmm) or bias_grad (tgmm); accumulate: existing_out;
+    scale: the FP8 scale recipe's name, null otherwise;
+  and the choice: backend ("triton" or "xla"), config (jgmm.Config fields; null with backend "xla"), and what
+  was measured, each null where unknown: us (microseconds per call), tflops, max_rel_err (max |out - xla's out|
+  over max |xla's out|), gpu (jax's device_kind), jgmm and triton (versions). The shipped entries were migrated
+  from schema 1 (keys of power-of-two buckets, configs only): their us, tflops, max_rel_err and jgmm are null.
+Meaning of the blocks per op: gmm and masked tile the output (block_m rows x block_n columns) and step block_k
+along K; tgmm tiles its (K, N) output with block_m along K and block_n along N and reduces block_k group rows per
+step. With activation "swiglu", block_n counts output columns: each tile reads 2 * block_n rhs columns (gate and
+up); an entry's config is used as written, the heuristic's block_n is halved.
+A damaged or hand-edited file (bad JSON, an unknown or missing field, a wrong type, an invalid tile, a duplicated
+key) raises TableError naming the file and the entry.
 
-JGMM_CONFIG='{"block_m": 64, ...}' (JSON of Config fields) overrides every looked-up config, for tuning.
+select() looks a call up at trace time, memoised per key and environment, in this order:
+  override: the op's config= argument, else JGMM_CONFIG='{"block_m": 64, ...}' (JSON of Config fields);
+  exact: the table entry of the key;
+  padded: the entry of the same key with the nearest larger rows bucket the table holds (the call's groups
+    padded up to it);
+  nearest: the Triton entry with the same op, dtypes and flags nearest by distance() (sum over rows, K, N and G of
+    |log2(size / tuned size)|) if at most MAX_DISTANCE; ties go to more rows, then the smaller key;
+  heuristic: heuristic(), shrunk to fit the GPU's shared memory.
+An entry choosing backend "xla" makes the op run the portable backend (jgmm.backend_xla) for that key; nearest
+neighbours lend only Triton configs (a backend's speed does not carry over to other sizes). An entry measured
+with another Triton version applies, and the log says so.
+Tables are read once per process and list of files (a file rewritten later is not reread).
+JGMM_LOG_CONFIG=1 logs (absl, WARNING level so that it shows) each selection once: key, source, file, choice.
+JGMM_CAPTURE_SHAPES=/path appends every key a process selects by padded, nearest or heuristic (untuned) to /path,
+one JSON line each, once across processes (capture.py).
 """
 import dataclasses
 import functools
+import importlib.metadata
 import json
+import math
 import os
 import re
 from importlib import resources
+from typing import NamedTuple
 
+from absl import logging
+
+from jgmm import capture
 from jgmm.config import Config
 
-_ENV = "JGMM_CONFIG"
+SCHEMA = 2
+OPS = ("gmm", "gmm_t", "tgmm", "masked", "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
+BACKENDS = ("triton", "xla")
+MAX_DISTANCE = 2.0  # e.g. one size 4x off, or two sizes 2x off.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
-                "float8_e4m3fnuz": "fp8e4m3fnuz"}
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1}
-FP8_OPS = ("gmm_fp8", "masked_fp8", "tgmm_fp8")
+                "float8_e4m3fnuz": "fp8e4m3fnuz", "float8_e5m2": "fp8e5m2"}
+_ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8e4m3": 1, "fp8e4m3fnuz": 1, "fp8e5m2": 1}
+_ENV_CONFIG, _ENV_FILES, _ENV_LOG, _ENV_CAPTURE = ("JGMM_CONFIG", "JGMM_CONFIG_FILES", "JGMM_LOG_CONFIG",
+                                                   "JGMM_CAPTURE_SHAPES")
 # Shared memory a program may use, by architecture (bytes); unknown architectures get the smallest.
 _SHARED_MEMORY = {"sm90": 227 * 1024, "sm80": 163 * 1024, "sm89": 99 * 1024, "sm86": 99 * 1024,
                   "gfx942": 64 * 1024, "gfx950": 160 * 1024}
 _MIN_SHARED_MEMORY = 64 * 1024
 
 
+class TableError(ValueError):
+  """A table file that does not parse or holds an invalid entry."""
+
+
 def _pow2_at_least(x):
-  return 1 << max(0, int(x) - 1).bit_length()
+  return 1 << max(0, math.ceil(x) - 1).bit_length()
 
 
-def table_key(op, dtype, rows_per_group, k, n):
-  return (f"{op}/{_DTYPE_NAMES[dtype]}/r{_pow2_at_least(max(rows_per_group, 1))}/k{_pow2_at_least(k)}"
-          f"/n{_pow2_at_least(n)}")
+def dtype_name(dtype) -> str:
+  """The table's short name ("bf16", ...) of a numpy dtype name ("bfloat16", ...)."""
+  return _DTYPE_NAMES[str(dtype)]
+
+
+class Key(NamedTuple):
+  """What a table entry is measured for (the fields are the module docstring's)."""
+  op: str
+  in_dtype: str
+  out_dtype: str
+  rows: int
+  k: int
+  n: int
+  g: int
+  transpose: bool = False
+  activation: str | None = None
+  bias: bool = False
+  accumulate: bool = False
+  scale: str | None = None
+
+  def __str__(self):
+    flags = [name for name in ("transpose", "bias", "accumulate") if getattr(self, name)]
+    flags += [f"{name}={getattr(self, name)}" for name in ("activation", "scale") if getattr(self, name)]
+    return "/".join([self.op, f"{self.in_dtype}->{self.out_dtype}", f"r{self.rows}", f"k{self.k}", f"n{self.n}",
+                     f"g{self.g}", *flags])
+
+  def shape(self):
+    """Everything but the sizes: entries with the same shape() may lend each other configs."""
+    return self._replace(rows=0, k=0, n=0, g=0)
+
+
+def make_key(op: str, in_dtype: str, out_dtype: str, rows_per_group: float, k: int, n: int, g: int,
+             **flags) -> Key:
+  """The Key of one call: in_dtype/out_dtype numpy dtype names; rows_per_group any positive number (bucketed)."""
+  return Key(op, dtype_name(in_dtype), dtype_name(out_dtype), _pow2_at_least(max(rows_per_group, 1)), int(k),
+             int(n), int(g), **flags)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One table entry: the key, the choice (backend, config) and what was measured (None where unknown)."""
+  key: Key
+  backend: str
+  config: Config | None
+  us: float | None = None
+  tflops: float | None = None
+  max_rel_err: float | None = None
+  gpu: str | None = None
+  jgmm: str | None = None
+  triton: str | None = None
+  file: str | None = dataclasses.field(default=None, compare=False)  # where it was read; not written
+
+  def to_json(self):
+    fields = {**self.key._asdict(), "backend": self.backend,
+              "config": None if self.config is None else dataclasses.asdict(self.config)}
+    return fields | {name: getattr(self, name) for name in _MEASURED}
+
+
+_MEASURED = ("us", "tflops", "max_rel_err", "gpu", "jgmm", "triton")
+_NUMBER, _STRING = (int, float), (str,)
+# Field: (types allowed, null allowed).
+_FIELDS = {"op": (_STRING, False), "in_dtype": (_STRING, False), "out_dtype": (_STRING, False),
+           "rows": ((int,), False), "k": ((int,), False), "n": ((int,), False), "g": ((int,), False),
+           "transpose": ((bool,), False), "activation": (_STRING, True), "bias": ((bool,), False),
+           "accumulate": ((bool,), False), "scale": (_STRING, True), "backend": (_STRING, False),
+           "config": ((dict,), True), "us": (_NUMBER, True), "tflops": (_NUMBER, True),
+           "max_rel_err": (_NUMBER, True), "gpu": (_STRING, True), "jgmm": (_STRING, True),
+           "triton": (_STRING, True)}
+
+
+def _parse_entry(fields):
+  """Entry of one JSON object; ValueError saying what is wrong."""
+  if not isinstance(fields, dict):
+    raise ValueError(f"an entry must be a JSON object, got {type(fields).__name__}")
+  unknown, missing = sorted(set(fields) - set(_FIELDS)), sorted(set(_FIELDS) - set(fields))
+  if unknown or missing:
+    raise ValueError(f"unknown fields {unknown}, missing fields {missing}")
+  for name, (types, nullable) in _FIELDS.items():
+    value = fields[name]
+    ok = (value is None and nullable) or (isinstance(value, types) and (bool in types or type(value) is not bool))
+    if not ok:
+      raise ValueError(f"field {name!r} must be {'/'.join(t.__name__ for t in types)}"
+                       f"{' or null' if nullable else ''}, got {value!r}")
+  key = Key(**{name: fields[name] for name in Key._fields})
+  if key.op not in OPS:
+    raise ValueError(f"op must be one of {OPS}, got {key.op!r}")
+  for name in ("in_dtype", "out_dtype"):
+    if getattr(key, name) not in _ITEMSIZE:
+      raise ValueError(f"{name} must be one of {tuple(_ITEMSIZE)}, got {getattr(key, name)!r}")
+  if key.rows != _pow2_at_least(key.rows) or min(key.rows, key.k, key.n, key.g) < 1:
+    raise ValueError(f"rows must be a power of two and rows, k, n, g positive, got {key.rows}, {key.k}, {key.n}, "
+                     f"{key.g}")
+  if fields["backend"] not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {fields['backend']!r}")
+  if (fields["config"] is None) != (fields["backend"] == "xla"):
+    raise ValueError("config must be an object of jgmm.Config fields with backend 'triton', null with 'xla'")
+  config = None
+  if fields["config"] is not None:
+    unknown = sorted(set(fields["config"]) - {f.name for f in dataclasses.fields(Config)})
+    if unknown:
+      raise ValueError(f"config has unknown fields {unknown}")
+    try:
+      config = Config(**fields["config"])
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"invalid config: {e}") from None
+  return Entry(key, fields["backend"], config, **{name: fields[name] for name in _MEASURED})
+
+
+def parse_table(text: str, file: str) -> dict[Key, Entry]:
+  """{Key: Entry} of a table's JSON text; TableError naming `file` and the entry where anything is invalid."""
+  try:
+    table = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise TableError(f"{file}: not valid JSON: {e}") from None
+  if not isinstance(table, dict) or table.get("schema") != SCHEMA:
+    raise TableError(f"{file}: expected a JSON object with \"schema\": {SCHEMA} (see jgmm/config_table.py), got "
+                     f"schema {table.get('schema') if isinstance(table, dict) else None!r}")
+  unknown = sorted(set(table) - {"schema", "comment", "entries"})
+  if unknown or not isinstance(table.get("entries"), list):
+    raise TableError(f"{file}: expected the fields schema, comment (optional) and entries (a list); unknown: "
+                     f"{unknown}")
+  entries = {}
+  for i, fields in enumerate(table["entries"]):
+    try:
+      entry = dataclasses.replace(_parse_entry(fields), file=file)
+    except ValueError as e:
+      name = {k: fields.get(k) for k in ("op", "rows", "k", "n", "g")} if isinstance(fields, dict) else None
+      raise TableError(f"{file}: entry {i} {name}: {e}") from None
+    if entry.key in entries:
+      raise TableError(f"{file}: entry {i}: key {entry.key} appears twice")
+    entries[entry.key] = entry
+  return entries
+
+
+def read_table(path: str) -> dict[Key, Entry]:
+  """{Key: Entry} of the table file at `path` ({} if there is none)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except FileNotFoundError:
+    return {}
+  return parse_table(text, path)
+
+
+def write_table(path: str, entries, comment: str | None = None) -> None:
+  """Writes entries (an iterable of Entry) to `path` atomically (a temporary file, then os.replace): sorted, one
+  entry per line (diffs show changed entries)."""
+  rows = [json.dumps(e.to_json()) for e in sorted(entries, key=lambda e: str(e.key))]
+  head = {"schema": SCHEMA, **({"comment": comment} if comment else {})}
+  text = json.dumps(head, indent=1)[:-2] + ',\n "entries": [\n  ' + ",\n  ".join(rows) + "\n ]\n}\n"
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def table_files(arch, device_kind=None):
@@ -53,15 +247,116 @@ def table_files(arch, device_kind=None):
 
 
 @functools.cache
-def _table(arch, device_kind=None):
-  """{key: Config} of the first of table_files(arch, device_kind) that configs/ holds, or {} if none."""
-  for name in table_files(arch, device_kind):
+def shipped_table(arch: str | None, device_kind: str | None = None) -> dict[Key, Entry]:
+  """{Key: Entry} of the first of table_files(arch, device_kind) that configs/ holds, or {} if none (or no arch)."""
+  for name in table_files(arch, device_kind) if arch else ():
     try:
       text = resources.files("jgmm.configs").joinpath(name).read_text()
     except FileNotFoundError:
       continue
-    return {key: Config(**fields) for key, fields in json.loads(text)["entries"].items()}
+    return parse_table(text, f"jgmm/configs/{name}")
   return {}
+
+
+@functools.cache
+def _merged_table(arch, device_kind, files):
+  """{Key: Entry}: the user files (a ":"-separated list) over the shipped table, earlier files winning."""
+  merged = dict(shipped_table(arch, device_kind))
+  for path in reversed([p for p in files.split(":") if p]):
+    merged.update(read_table(path))
+  return merged
+
+
+def active_table(arch: str | None, device_kind: str | None = None) -> dict[Key, Entry]:
+  """{Key: Entry} that select() reads now: the files of JGMM_CONFIG_FILES over the shipped table."""
+  return _merged_table(arch, device_kind, os.environ.get(_ENV_FILES, ""))
+
+
+def distance(a: Key, b: Key) -> float:
+  """Sum over rows, K, N and G of |log2(a's size / b's size)|."""
+  return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in ("rows", "k", "n", "g"))
+
+
+def _tuned(key, table):
+  """(source, Entry) of the table's entry for key (exact, padded or nearest), or (None, None)."""
+  if key in table:
+    return "exact", table[key]
+  larger = [e for e in table.values() if e.key._replace(rows=key.rows) == key and e.key.rows > key.rows]
+  if larger:
+    return "padded", min(larger, key=lambda e: e.key.rows)
+  near = [e for e in table.values()
+          if e.backend == "triton" and e.key.shape() == key.shape() and distance(e.key, key) <= MAX_DISTANCE]
+  if near:
+    return "nearest", min(near, key=lambda e: (distance(e.key, key), -e.key.rows, str(e.key)))
+  return None, None
+
+
+class Selection(NamedTuple):
+  """The choice for one call: backend "triton" (with config) or "xla" (config None)."""
+  backend: str
+  config: Config | None
+  source: str  # "override", "exact", "padded", "nearest" or "heuristic"
+  file: str | None  # the table file (or "JGMM_CONFIG") it came from
+  entry: Entry | None  # the table entry, for exact, padded and nearest
+
+
+def select(key: Key, *, arch: str | None, device_kind: str | None = None,
+           override: Config | None = None) -> Selection:
+  """The Selection for a call of `key` (see the module docstring) on a GPU of `arch` ("sm90", ...; None under the
+  interpreter: user files and the heuristic only) and model `device_kind` (jax.Device.device_kind).
+  override: the op's config= (a Config), which wins over everything."""
+  env = tuple(os.environ.get(name, "") for name in (_ENV_CONFIG, _ENV_FILES, _ENV_LOG, _ENV_CAPTURE))
+  return _select(key, arch, device_kind, override, env)
+
+
+@functools.cache
+def _select(key, arch, device_kind, override, env):
+  config_env, files, log, capture_path = env
+  if override is not None:
+    selection = Selection("triton", override, "override", None, None)
+  elif config_env:
+    selection = Selection("triton", _env_config(config_env), "override", _ENV_CONFIG, None)
+  else:
+    source, entry = _tuned(key, _merged_table(arch, device_kind, files))
+    if entry is None:
+      selection = Selection("triton", heuristic_config(key, arch), "heuristic", None, None)
+    else:
+      selection = Selection(entry.backend, entry.config, source, entry.file, entry)
+  if log not in ("", "0"):
+    _log(key, selection)
+  if capture_path and selection.source in ("padded", "nearest", "heuristic"):
+    capture.append(capture_path, key._asdict())
+  return selection
+
+
+def _env_config(text):
+  try:
+    fields = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{_ENV_CONFIG} must be a JSON object of jgmm.Config fields, got {text!r}: {e}") from e
+  if not isinstance(fields, dict):
+    raise ValueError(f"{_ENV_CONFIG} must be a JSON object of jgmm.Config fields, got {text!r}")
+  return Config(**fields)
+
+
+@functools.cache
+def triton_version():
+  try:
+    return importlib.metadata.version("triton")
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _log(key, selection):
+  choice = "backend xla" if selection.backend == "xla" else f"{selection.config}"
+  note = ""
+  entry = selection.entry
+  if entry is not None and entry.triton and entry.triton != triton_version():
+    note = f" (measured with Triton {entry.triton}, running Triton {triton_version()})"
+  if selection.source == "nearest":
+    note += f" (tuned for {entry.key}, distance {distance(entry.key, key):.2f})"
+  logging.warning("jgmm config: %s <- %s%s: %s%s", key, selection.source,
+                  f" ({selection.file})" if selection.file else "", choice, note)
 
 
 def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
@@ -71,6 +366,12 @@ def shared_memory_bytes(op, config, in_itemsize, out_itemsize, swiglu=False):
   rhs_cols = (config.block_n * (2 if swiglu and op != "tgmm" else 1)) * config.block_k
   tile = config.block_m * config.block_n * out_itemsize
   return config.num_stages * (lhs_rows + rhs_cols) * in_itemsize + tile
+
+
+def fits(key: Key, config: Config, arch: str | None) -> bool:
+  """Whether config's shared memory (shared_memory_bytes) fits a program's on arch for a call of key."""
+  return shared_memory_bytes(key.op, config, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype],
+                             key.activation == "swiglu") <= shared_memory_limit(arch)
 
 
 def shared_memory_limit(arch):
@@ -96,8 +397,8 @@ def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
 
 def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
-  on an H200 for these buckets: see docs/perf-notes.md)."""
-  if op in FP8_OPS:  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroup tiles).
+  on an H200 for these buckets: see docs/perf-notes.md). dtype: the inputs' numpy dtype name."""
+  if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
     if op == "tgmm_fp8":
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=False)
     elif rows_per_group <= 64:
@@ -124,28 +425,13 @@ def heuristic(op, dtype, rows_per_group, k, n):
   return config
 
 
-def lookup(op, dtype, rows_per_group, k, n, *, arch, out_dtype, swiglu=False, device_kind=None):
-  """The config for one call: JGMM_CONFIG, else the tuned table entry, else the heuristic.
-
-  op: "gmm", "gmm_t", "tgmm" or "masked"; dtype/out_dtype: numpy dtype names of the inputs and the output;
-  arch: e.g. "sm90" (None under the interpreter: heuristic only); n: rhs columns (both swiglu halves);
-  device_kind: the GPU's model as jax names it (jax.Device.device_kind), which picks its own table if one ships.
-  """
-  override = os.environ.get(_ENV)
-  if override:
-    try:
-      fields = json.loads(override)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{_ENV} must be a JSON object of jgmm.Config fields, got {override!r}: {e}") from e
-    if not isinstance(fields, dict):
-      raise ValueError(f"{_ENV} must be a JSON object of jgmm.Config fields, got {override!r}")
-    return Config(**fields)
-  config = _table(arch, device_kind).get(table_key(op, dtype, rows_per_group, k, n)) if arch else None
-  measured = config is not None and out_dtype == dtype  # Table entries were measured with out = in dtype.
-  if config is None:
-    config = heuristic(op, dtype, rows_per_group, k, n)
-  if swiglu:  # The same shared memory and registers: two column blocks per tile.
+def heuristic_config(key: Key, arch: str | None) -> Config:
+  """heuristic() for key (what select() gives an untuned key); with swiglu, block_n counts output columns (each
+  tile reads 2 * block_n rhs columns), so it is halved; then shrunk to fit the shared memory of arch."""
+  in_dtype = {short: name for name, short in _DTYPE_NAMES.items()}[key.in_dtype]
+  config = heuristic(key.op, in_dtype, key.rows, key.k, key.n)
+  swiglu = key.activation == "swiglu"
+  if swiglu:
     config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
-  if measured:
-    return config
-  return _fit_shared_memory(op, config, arch, _ITEMSIZE[dtype], _ITEMSIZE[out_dtype], swiglu)
+  return _fit_shared_memory(key.op, config, arch, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype], swiglu)
+

@@ -11,6 +11,7 @@ outputs vary over them too. Symbolic (jax.export shape-polymorphic) shapes lower
 implementation: Triton kernels are compiled for static shapes. Derivative rules: jgmm/autodiff.py.
 """
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +34,15 @@ def _backend_module(backend, platform, static_shapes):
                      "implementation for them")
   if backend == "xla":
     return backend_xla
-  from jgmm import backend_triton  # Imports triton: only where a Triton lowering is asked for.
-  return backend_triton
+  try:  # Imports triton: only where a Triton lowering is asked for.
+    return importlib.import_module("jgmm.backend_triton")
+  except ModuleNotFoundError as e:
+    if e.name != "triton" and not (e.name or "").startswith("triton."):
+      raise
+    raise ModuleNotFoundError(
+        f"jgmm's Triton backend (backend='triton', or the default on a {platform!r} GPU) needs the triton package, "
+        "which is not installed: pip install triton (Linux; jgmm installs it there, with jax's CUDA plugin through "
+        "pip install 'jgmm[cuda]'), or pass backend='xla' for the portable implementation", name=e.name) from e
 
 
 def fill(args, present):

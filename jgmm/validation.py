@@ -142,8 +142,12 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
   m, k = lhs.shape
   num_groups, rhs_k, n = (rhs.shape[0], rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape
   if rhs_k != k:
+    hint = ""
+    if core.definitely_equal(rhs.shape[1] if transpose_rhs else rhs.shape[2], k):  # The other layout matches.
+      hint = ("; for a (G, K, N) rhs leave transpose_rhs=False" if transpose_rhs else
+              "; for a (G, N, K) rhs (rows of each weight are outputs) pass transpose_rhs=True")
     raise ValueError(f"rhs must have K = {k} (lhs is {tuple(lhs.shape)}) in its layout {rhs_layout}, "
-                     f"got shape {tuple(rhs.shape)}")
+                     f"got shape {tuple(rhs.shape)}{hint}")
   _static_groups("rhs", rhs, 0, rhs_layout)
   if num_groups < 1:
     raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}")
@@ -228,6 +232,129 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precisi
   _nonneg_int("expected_m", expected_m)
   return (_out_dtype(preferred_element_type, x.dtype), _precision(precision), config_lib.as_config(config),
           _backend(backend))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# jgmm.moe: routing, permutation and the MoE layers.
+
+SCORES = ("softmax", "sigmoid")
+MOE_IMPLS = ("jgmm", "ragged_dot")
+MOE_LAYOUTS = ("contiguous", "masked")
+DISPATCHES = (None, "ragged", "padded")
+
+
+def _positive_int(name, value, upper=None):
+  bound = "" if upper is None else f" <= {upper}"
+  if type(value) is not int or value < 1 or (upper is not None and value > upper):
+    raise ValueError(f"{name} must be a Python int >= 1{bound}, got {value!r}")
+  return value
+
+
+def _choice(name, value, choices):
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+  return value
+
+
+def check_route(router_logits, top_k, score, renormalize, bias):
+  """Validates route's arguments."""
+  _float_array("router_logits", router_logits, 2, "(T, E)")
+  num_experts = router_logits.shape[1]
+  _positive_int("top_k", top_k, num_experts)
+  _choice("score", score, SCORES)
+  _flag("renormalize", renormalize)
+  if bias is not None:
+    _float_array("bias", bias, 1, "(E,)")
+    _shape("bias", bias, (num_experts,), "(E,)")
+
+
+def check_permute(x, expert_ids, num_experts, capacity):
+  """Validates permute's arguments."""
+  _array("x", x, 2, "(T, H)")
+  _int_array("expert_ids", expert_ids, 2, "(T, top_k)")
+  if expert_ids.shape[0] != x.shape[0]:
+    raise ValueError(f"expert_ids must be (T, top_k) with T = {x.shape[0]} (x is {tuple(x.shape)}), "
+                     f"got {_describe(expert_ids)}")
+  _positive_int("num_experts", num_experts)
+  if capacity is not None:
+    _nonneg_int("capacity", capacity)
+
+
+def check_unpermute(y, num_rows, weights, num_tokens, top_k):
+  """Validates unpermute's arguments (num_rows = T * top_k rows of the permutation)."""
+  _array("y", y, 2, "(T * top_k, N)")
+  if y.shape[0] != num_rows:
+    raise ValueError(f"y must have T * top_k = {num_rows} rows (the permutation's), got {_describe(y)}")
+  if weights is not None:
+    _float_array("weights", weights, 2, "(T, top_k)")
+    _shape("weights", weights, (num_tokens, top_k), "(T, top_k)")
+
+
+def check_expert_weights(x, w_gate_up, w_down, activation, names=("w_gate_up", "w_down"), stacked=True):
+  """Validates an MLP's weights for x (T, H), stacked over experts (E, ...) or not; returns (E or None, F)."""
+  _float_array("x", x, 2, "(T, H)")
+  hidden = x.shape[1]
+  if activation not in ACTIVATIONS or activation is None:
+    raise ValueError(f"activation must be one of {ACTIVATIONS[1:]}, got {activation!r}")
+  lead = "(E, " if stacked else "("
+  gate_up_layout = f"{lead}H, 2F) ([gate | up] halves)" if activation == "swiglu" else f"{lead}H, F)"
+  _float_array(names[0], w_gate_up, 2 + stacked, gate_up_layout)
+  _same_dtype(names[0], w_gate_up, "x", x)
+  _float_array(names[1], w_down, 2 + stacked, f"{lead}F, H)")
+  _same_dtype(names[1], w_down, "x", x)
+  gate_up_h, width = w_gate_up.shape[-2:]
+  if gate_up_h != hidden or (activation == "swiglu" and width % 2):
+    raise ValueError(f"{names[0]} must be {gate_up_layout} with H = {hidden} (x is {tuple(x.shape)}), "
+                     f"got {_describe(w_gate_up)}")
+  ffn = width // 2 if activation == "swiglu" else width
+  experts = w_gate_up.shape[0] if stacked else None
+  _shape(names[1], w_down, (experts, ffn, hidden)[1 - stacked:], f"{lead}F, H)")
+  return experts, ffn
+
+
+def check_shared_experts(x, shared_experts, activation):
+  """Validates shared_experts = (w_gate_up (H, 2Fs), w_down (Fs, H)) for x (T, H)."""
+  if not isinstance(shared_experts, (tuple, list)) or len(shared_experts) != 2:
+    raise TypeError(f"shared_experts must be a pair (w_gate_up (H, 2Fs), w_down (Fs, H)) or None, "
+                    f"got {type(shared_experts).__name__}")
+  check_expert_weights(x, *shared_experts, activation, names=("shared_experts[0]", "shared_experts[1]"),
+                       stacked=False)
+
+
+def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert):
+  """Validates expert_mlp's arguments; returns (E, F)."""
+  _choice("impl", impl, MOE_IMPLS)
+  _choice("layout", layout, MOE_LAYOUTS)
+  if impl == "ragged_dot" and layout == "masked":
+    raise ValueError("layout='masked' runs jgmm.masked_gmm; it has no impl='ragged_dot' form")
+  _nonneg_int("max_rows_per_expert", max_rows_per_expert)
+  experts, ffn = check_expert_weights(rows, w_gate_up, w_down, activation, stacked=True)
+  _int_array("group_sizes", group_sizes, 1, "(E,)")
+  _shape("group_sizes", group_sizes, (experts,), "(E,)")
+  return experts, ffn
+
+
+def check_grouped_gemm(x, w, expert_ids):
+  """Validates grouped_gemm's x (T, H) and w (E, H, O) (expert_ids are checked by permute)."""
+  _float_array("x", x, 2, "(T, H)")
+  _float_array("w", w, 3, "(E, H, O)")
+  if w.shape[1] != x.shape[1]:
+    raise ValueError(f"w must be (E, H, O) with H = {x.shape[1]} (x is {tuple(x.shape)}), got {_describe(w)}")
+
+
+def check_moe(x, router_logits, w_gate_up, w_down, activation, expert_shards=1, dispatch=None):
+  """Validates moe_mlp's router_logits against its weights (w_* hold E / expert_shards local experts)."""
+  _float_array("router_logits", router_logits, 2, "(T, E)")
+  if router_logits.shape[0] != x.shape[0]:
+    raise ValueError(f"router_logits must be (T, E) with T = {x.shape[0]} (x is {tuple(x.shape)}), "
+                     f"got {_describe(router_logits)}")
+  _choice("dispatch", dispatch, DISPATCHES)
+  local_experts, _ = check_expert_weights(x, w_gate_up, w_down, activation)
+  experts = router_logits.shape[1]
+  if local_experts * expert_shards != experts:
+    shards = "" if expert_shards == 1 else f" / {expert_shards} expert shards"
+    raise ValueError(f"w_gate_up must hold E{shards} = {experts // expert_shards} experts (router_logits is "
+                     f"{tuple(router_logits.shape)}), got shape {tuple(w_gate_up.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

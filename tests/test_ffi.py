@@ -246,6 +246,48 @@ def _custom_call_protos(stablehlo: str) -> list:
   ]
 
 
+def _proto_fields(message: bytes) -> dict:
+  """{field number: [values]} of one serialized protobuf message: varints as ints, length-delimited fields as bytes
+    (a test-side reader, independent of the encoder in ffi/_jaxlib.py)."""
+  fields, i = {}, 0
+
+  def varint():
+    nonlocal i
+    value = shift = 0
+    while True:
+      byte = message[i]
+      i += 1
+      value |= (byte & 0x7F) << shift
+      shift += 7
+      if byte < 0x80:
+        return value
+
+  while i < len(message):
+    key = varint()
+    if key & 7 == 0:
+      value = varint()
+    elif key & 7 == 2:
+      size = varint()
+      value, i = message[i:i + size], i + size
+    else:
+      width = {1: 8, 5: 4}[key & 7]
+      value, i = message[i:i + width], i + width
+    fields.setdefault(key >> 3, []).append(value)
+  return fields
+
+
+def _kernel_fields(call_proto: bytes) -> dict:
+  """The TritonKernel fields of a serialized TritonAnyKernelCall, repeated embedded messages merged (protobuf
+    semantics: the concatenation of two encodings of a message is their merge)."""
+  kernel_call = b"".join(_proto_fields(call_proto)[1])
+  return _proto_fields(b"".join(_proto_fields(kernel_call)[1]))
+
+
+def _ptx_version_of(ptx: str) -> int:
+  major, minor = re.search(r"^\.version (\d+)\.(\d)$", ptx, re.M).groups()
+  return int(major) * 10 + int(minor)
+
+
 def _lower_for(platform, fn, *args):
   """StableHLO of fn lowered for `platform`; a fresh wrapper, since jax caches lowerings per function and
     JGMM_TARGET is read at lowering time."""
@@ -428,6 +470,7 @@ class InterpreterTest(parameterized.TestCase):
 # CPU: lowering for GPU platforms
 
 
+@absltest.skipUnless(_jaxlib.has_plugin(), "cross-lowering needs jax's GPU plugin: pip install 'jgmm[cuda]'")
 class CrossLoweringTest(parameterized.TestCase):
 
   def _target(self, text):
@@ -500,6 +543,77 @@ class CrossLoweringTest(parameterized.TestCase):
     self._target("cuda:sm90")
     with self.assertRaisesRegex(ValueError, "expected 'cuda:<compute capability>'"):
       _lower_for("cuda", lambda x: vector_add(x, x), x)
+
+  def _lower_new(self, fn, *args):
+    """(the custom call protos, the kernels compiled) of lowering fn for cuda."""
+    before = set(_compile._cache)
+    protos = _custom_call_protos(_lower_for("cuda", fn, *args))
+    return protos, [_compile._cache[k] for k in set(_compile._cache) - before]
+
+  def test_ptx_version_is_capped_for_the_ptxas_jaxlib_runs(self):
+    # jax's CUDA 13 plugin: jaxlib's ptxas may be CUDA 13.0's, which reads PTX ISA 9.0 at most (Triton 3.9 alone
+    # would write 9.4; Triton 3.6 writes 8.7).
+    self.assertEqual(_jaxlib.plugin_cuda_major(), 13)
+    self._target("cuda:90")
+    x = jax.ShapeDtypeStruct((272,), jnp.float32)
+    (proto,), (compiled,) = self._lower_new(lambda x, y: vector_add(x, y, block=128), x, x)
+    expected = min(_compile._triton_ptx_version(_compile.Target("cuda", 90)), 90)
+    self.assertEqual(_ptx_version_of(compiled.asm["ptx"]), expected)
+    self.assertEqual(_ptx_version_of(_kernel_fields(proto)[4][0].decode()), expected)
+    self.assertNotEmpty(compiled.asm["cubin"])  # Triton's ptxas assembled it
+
+  def test_ptx_version_env(self):
+    self._target("cuda:90")
+    x = jax.ShapeDtypeStruct((272,), jnp.float32)
+    with mock.patch.dict(os.environ, {_compile.PTX_VERSION_ENV: "8.5"}):
+      (proto,), (compiled,) = self._lower_new(lambda x, y: vector_add(x, y, block=256), x, x)
+    self.assertEqual(_ptx_version_of(compiled.asm["ptx"]), 85)
+    self.assertIn(b".version 8.5\n", proto)
+    for text, message in [("90", "expected a PTX ISA version such as 9.0"), ("9.10", "expected a PTX ISA version"),
+                          ("7.8", r"cannot target cuda:90: it needs PTX 8.0 or newer")]:
+      with mock.patch.dict(os.environ, {_compile.PTX_VERSION_ENV: text}):
+        with self.assertRaisesRegex(ValueError, f"JGMM_PTX_VERSION='{re.escape(text)}'.*{message}"):
+          _lower_for("cuda", vector_add, x, x)
+    with mock.patch.dict(os.environ, {_compile.PTX_VERSION_ENV: "9.9"}):  # newer than Triton's ptxas reads
+      with self.assertRaisesRegex(ffi.KernelCompileError, r"_add_kernel.*PTX 9\.9 \(set JGMM_PTX_VERSION"):
+        _lower_for("cuda", lambda x, y: vector_add(x, y, block=512), x, x)
+
+  @parameterized.parameters(((0, 10, 2), "1", False), ((0, 11, 1), "1", True), ((0, 11, 1), "0", False))
+  def test_cubin_rides_as_the_module_image(self, jaxlib_version, cubin_env, carried):
+    self._target("cuda:90")
+    a, b = jax.ShapeDtypeStruct((40, 24), jnp.float32), jax.ShapeDtypeStruct((24, 33), jnp.float32)
+    with mock.patch.object(_jaxlib, "_jaxlib_version", jaxlib_version), \
+        mock.patch.dict(os.environ, {_jaxlib.CUBIN_ENV: cubin_env}):
+      _compile._cache.clear()
+      (proto,), (compiled,) = self._lower_new(matmul, a, b)
+    kernel = _kernel_fields(proto)
+    self.assertEqual(kernel[4], [compiled.asm["ptx"].encode()])  # the PTX always rides along (jaxlib's cache key)
+    self.assertEqual(kernel[1], [compiled.name.encode()])
+    if not carried:
+      self.assertNotIn(11, kernel)
+      return
+    (image,) = kernel[11]
+    image = _proto_fields(image)
+    self.assertEqual(image[1], [compiled.asm["cubin"]])
+    self.assertEqual(image[2], [compiled.name.encode()])
+    self.assertEqual(image[3], [compiled.shared_mem_bytes])
+    self.assertEqual(kernel[3], [compiled.shared_mem_bytes])
+    # jaxlib's own parser reads the merged encoding.
+    self.assertEqual(_jaxlib.plugin("cuda").get_serialized_metadata(zlib.compress(proto)), b"")
+
+  @parameterized.parameters(12, 13)
+  def test_cubin_only_where_every_driver_of_the_plugin_loads_it(self, cuda_major):
+    """A CUDA 12 plugin runs on CUDA 12 drivers, which do not load cubins of a CUDA 13 ptxas (Triton 3.9's for
+    sm_90); its PTX is then capped at ISA 8.0 for a CUDA 12 ptxas."""
+    self._target("cuda:90")
+    triton_ptxas_major = 13 if _compile._triton_ptx_version(_compile.Target("cuda", 90)) >= 90 else 12
+    a, b = jax.ShapeDtypeStruct((40, 24), jnp.float32), jax.ShapeDtypeStruct((24, 33), jnp.float32)
+    with mock.patch.object(_jaxlib, "_jaxlib_version", (0, 11, 1)), \
+        mock.patch.object(_jaxlib, "plugin_cuda_major", return_value=cuda_major):
+      _compile._cache.clear()
+      (proto,), (compiled,) = self._lower_new(matmul, a, b)
+    self.assertEqual(11 in _kernel_fields(proto), triton_ptxas_major <= cuda_major)
+    self.assertEqual(_ptx_version_of(compiled.asm["ptx"]) <= 80, cuda_major == 12)
 
   def test_in_process_cache(self):
     target = _compile.Target("cuda", 90)
@@ -594,6 +708,17 @@ class GpuTest(parameterized.TestCase):
   def test_vector_add(self, n):
     x, y = _random(self.rng, n), _random(self.rng, n)
     np.testing.assert_allclose(np.asarray(jax.jit(vector_add)(x, y)), x.astype(np.float64) + y, rtol=1e-6)
+
+  @parameterized.parameters(("1", None, 128), ("0", None, 256), ("0", "8.0", 512))
+  def test_binary_paths(self, cubin_env, ptx_version, block):
+    """Triton's cubin as the module image (jaxlib >= 0.11.1), or PTX for jaxlib's ptxas, at Triton's capped PTX
+      version or at 8.0; one block size per case, so that jaxlib's module cache (keyed on the PTX) cannot hand a
+      case another's binary."""
+    env = {_jaxlib.CUBIN_ENV: cubin_env, _compile.PTX_VERSION_ENV: ptx_version or ""}
+    x, y = _random(self.rng, 777), _random(self.rng, 777)
+    with mock.patch.dict(os.environ, env):
+      out = jax.jit(lambda x, y: vector_add(x, y, block=block))(x, y)
+    np.testing.assert_allclose(np.asarray(out), x.astype(np.float64) + y, rtol=1e-6)
 
   @parameterized.parameters((37, 50, 29), (128, 64, 96))
   def test_matmul(self, m, k, n):

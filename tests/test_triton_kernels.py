@@ -170,6 +170,29 @@ class InterpretedGmmTest(InterpretedTestBase):
     if save_preactivation:
       self.assert_close(result[1], want_h, 1e-5, "h")
 
+  @parameterized.product(
+      (dict(m=45, k=32, n=48, transpose_rhs=False, activation=None, existing=False),
+       dict(m=40, k=16, n=64, transpose_rhs=True, activation="swiglu", existing=True),
+       dict(m=70, k=48, n=20, transpose_rhs=False, activation="relu", existing=True)),
+      save_preactivation=(False, True))
+  def test_tma_store(self, m, k, n, transpose_rhs, activation, existing, save_preactivation):
+    """Config.tma_store: out's tiles through the ragged descriptor, each clipped to its group's rows (the rows
+    past a group's end in a tile belong to the next group or to no group, which NaN-poisoning would expose)."""
+    groups = 4
+    lhs, rhs = self.normal((m, k)), self.normal((groups, n, k) if transpose_rhs else (groups, k, n))
+    n_out = n // 2 if activation == "swiglu" else n
+    existing_out = self.normal((m, n_out)) if existing else None
+    bounds = self.bounds(m, [7, 0, 19, 11], start=3)  # partial tiles, an empty group, rows in no group
+    config = Config(block_m=16, block_n=16, block_k=16, tma=True, tma_store=True)
+    with mock.patch.object(backend_triton.ffi, "triton_call", wraps=backend_triton.ffi.triton_call) as call:
+      result = run_gmm(lhs, rhs, bounds, None, existing_out, transpose_rhs=transpose_rhs, activation=activation,
+                       save_preactivation=save_preactivation, config=config)
+    self.assertTrue(call.call_args.kwargs["TMA_STORE"])
+    want_out, want_h = gmm_oracle(lhs, rhs, bounds, None, existing_out, transpose_rhs, activation)
+    self.assert_close(result[0] if save_preactivation else result, want_out, 1e-5, "out")
+    if save_preactivation:
+      self.assert_close(result[1], want_h, 1e-5, "h")
+
   @parameterized.named_parameters(
       ("single_group", [37]),
       ("all_empty", [0, 0, 0]),
@@ -285,6 +308,7 @@ class InterpretedMaskedTest(InterpretedTestBase):
 @absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
 @absltest.skipIf(not hasattr(gmm_kernels.gmm_kernel, "cache_key"),
                  "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
+@absltest.skipUnless(_jaxlib.has_plugin(), "cross-lowering needs jax's GPU plugin: pip install 'jgmm[cuda]'")
 class CrossLoweringTest(parameterized.TestCase):
 
   def lower(self, fn, *args):
@@ -319,6 +343,27 @@ class CrossLoweringTest(parameterized.TestCase):
         s((m, k), dt), s((groups, n, k) if transpose else (groups, k, n), dt), s((groups + 1,), jnp.int32),
         s((groups, n), dt) if transpose else None)
     self.assert_loads_through_tma(signatures, tma and k % 8 == 0 and n % 16 == 0)
+
+  @parameterized.parameters(3, 4)
+  def test_gmm_tma_store_compiles_for_sm90(self, num_stages):
+    """Config.tma_store: two TMA stores per tile (column halves) through an on-device descriptor (global scratch),
+    loop still fused, within Hopper's shared memory with 4 stages of 128 x 256 x 64; plain stores without a jaxlib
+    that builds host descriptors (no TMA loads, so no TMA store either)."""
+    dt, s = jnp.bfloat16, jax.ShapeDtypeStruct
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=num_stages, tma_store=True)
+    before = set(_compile._cache)
+    self.lower(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=False, out_dtype=dt,
+                                                  activation=None, save_preactivation=False, config=config),
+               s((8192, 4096), dt), s((8, 4096, 14336), dt), s((9,), jnp.int32))
+    (compiled,) = [_compile._cache[key] for key in set(_compile._cache) - before]
+    ttgir = compiled.asm["ttgir"]
+    if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+      self.assertNotIn("async_tma_copy_local_to_global", ttgir)
+      return
+    self.assertEqual(ttgir.count("ttng.async_tma_copy_local_to_global"), 2)
+    self.assertGreater(compiled.global_scratch_size, 0)
+    self.assertEqual(ttgir.count("scf.for"), 2)  # the fused tile x K loop and the zero-tile loop
+    self.assertLessEqual(compiled.shared_mem_bytes, 232448)  # sm_90's opt-in limit per block
 
   @parameterized.product(
       shape=((32768, 2048, 1536, 128), (100, 64, 40, 3), (1000, 72, 5760, 4)),
@@ -376,17 +421,22 @@ class GpuKernelTest(KernelTestBase):
       (dict(m=1000, k=2880, n=5760), dict(m=777, k=7, n=33), dict(m=513, k=1, n=2880), dict(m=300, k=5760, n=1)),
       dtype=("bf16", "f16", "f32"),
       transpose_rhs=(False, True),
-      tma=(False, True),
+      path=("pointers", "tma", "tma_store"),
   )
-  def test_gmm(self, m, k, n, dtype, transpose_rhs, tma):
+  def test_gmm(self, m, k, n, dtype, transpose_rhs, path):
+    """The table's config with pointer loads, TMA loads, or TMA loads and stores (Config.tma_store: gmm_kernel,
+    not the ws kernel)."""
     groups = 6
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)
-    config = backend_triton.config_table.lookup("gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, m / groups,
-                                                k, n, arch="sm90", out_dtype=np.dtype(dt).name)
+    config = backend_triton.config_table.select(backend_triton.config_table.make_key(
+        "gmm_t" if transpose_rhs else "gmm", np.dtype(dt).name, np.dtype(dt).name, m / groups, k, n, groups,
+        transpose=transpose_rhs), arch="sm90").config
     # Both grid sizes without doubling the cases: two programs per SM with rhs transposed.
-    config = dataclasses.replace(config, tma=tma, programs_per_sm=2 if transpose_rhs else 1)
+    config = dataclasses.replace(config, tma=path != "pointers", tma_store=path == "tma_store",
+                                 warp_specialized=config.warp_specialized and path != "tma_store",
+                                 programs_per_sm=2 if transpose_rhs else 1)
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
@@ -437,8 +487,9 @@ class GpuKernelTest(KernelTestBase):
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k) if transpose_lhs else (k, m), dt), self.normal((m, n), dt)
     bounds = self.bounds(m, [0, *self.rng.multinomial(m - 10, np.full(groups - 1, 1 / (groups - 1)))], start=4)
-    config = backend_triton.config_table.lookup("tgmm", np.dtype(dt).name, m / groups, k, n, arch="sm90",
-                                                out_dtype="float32")
+    config = backend_triton.config_table.select(backend_triton.config_table.make_key(
+        "tgmm", np.dtype(dt).name, "float32", m / groups, k, n, groups, transpose=transpose_lhs, bias=True),
+        arch="sm90").config
     config = dataclasses.replace(config, persistent=programs_per_sm is not None, programs_per_sm=programs_per_sm or 1)
     out, dbias = run_tgmm(lhs, rhs, bounds, transpose_lhs=transpose_lhs, out_dtype=jnp.float32, bias_grad=True,
                           config=config)

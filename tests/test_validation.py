@@ -2,6 +2,9 @@
 was expected. Every case runs eagerly, under jax.jit(...).trace and under jax.eval_shape."""
 import os
 import re
+import subprocess
+import sys
+import textwrap
 from unittest import mock
 
 import jax
@@ -10,7 +13,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import oracle
+from jgmm import oracle, primitives
 
 M, K, N, G = 8, 4, 6, 3
 _RNG = np.random.default_rng(20240602)
@@ -58,6 +61,10 @@ CASES = [
      r"rhs must have K = 4 .*\(G, K, N\).*got shape \(3, 5, 6\)"),
     ("gmm_k_mismatch_transposed", _gmm(rhs=_rand(G, N, K + 1), transpose_rhs=True), ValueError,
      r"rhs must have K = 4 .*\(G, N, K\).*got shape \(3, 6, 5\)"),
+    ("gmm_gnk_weight_without_transpose", _gmm(rhs=_rand(G, N, K)), ValueError,
+     r"rhs must have K = 4 .*\(G, K, N\).*got shape \(3, 6, 4\); for a \(G, N, K\) rhs .*pass transpose_rhs=True"),
+    ("gmm_gkn_weight_with_transpose", _gmm(rhs=_rand(G, K, N), transpose_rhs=True), ValueError,
+     r"rhs must have K = 4 .*\(G, N, K\).*got shape \(3, 4, 6\); for a \(G, K, N\) rhs leave transpose_rhs=False"),
     ("gmm_no_groups", _gmm(rhs=_rand(0, K, N), group_sizes=_sizes(0)), ValueError,
      r"rhs must hold at least one group, got shape \(0, 4, 6\)"),
     # gmm: group_sizes.
@@ -226,6 +233,7 @@ CONFIG_CASES = [
     ("programs_per_sm_float", {"programs_per_sm": 2.0}, TypeError,
      r"config.programs_per_sm must be a Python int, got 2.0"),
     ("tma_str", {"tma": "yes"}, TypeError, r"config.tma must be a bool, got 'yes'"),
+    ("tma_store_int", {"tma_store": 1}, TypeError, r"config.tma_store must be a bool, got 1"),
 ]
 
 
@@ -299,6 +307,33 @@ class TritonOnCpuTest(parameterized.TestCase):
     self.assertNotIsInstance(raised.exception, ImportError, message)
     self.assertRegex(message, re.compile(r"triton", re.I))
     self.assertRegex(message, re.compile(r"\bcpu\b|platform", re.I))
+
+
+class TritonMissingTest(absltest.TestCase):
+  """backend="triton" where the triton package is not installed: an error naming the fix, whatever the platform."""
+
+  def test_missing_triton_names_the_fix(self):
+    # A fresh process in which `import triton` fails, as where triton is not installed (None in sys.modules).
+    program = textwrap.dedent("""
+        import sys
+        sys.modules["triton"] = None
+        import jax.numpy as jnp
+        import jgmm
+        try:
+          jgmm.gmm(jnp.ones((17, 5)), jnp.ones((2, 5, 3)), jnp.array([9, 8]), backend="triton")
+        except ModuleNotFoundError as e:
+          print(e)
+        """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    for fix in ("needs the triton package", "pip install triton", "jgmm[cuda]", "backend='xla'"):
+      self.assertIn(fix, result.stdout)
+
+  def test_other_missing_modules_are_not_reworded(self):
+    with mock.patch.object(primitives.importlib, "import_module",
+                           side_effect=ModuleNotFoundError("No module named 'numpy.foo'", name="numpy.foo")):
+      with self.assertRaisesRegex(ModuleNotFoundError, r"^No module named 'numpy.foo'$"):
+        primitives._backend_module("triton", "cuda", static_shapes=True)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,29 @@ def store_tile(tile_ptr, rows, row_mask, cols, col_mask, row_stride, value, OFFS
   """
   offsets = rows.to(OFFSET)[:, None] * row_stride + cols[None, :]
   tl.store(tile_ptr + offsets, value.to(tile_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def group_rows_descriptor(ptr, COLS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+  """A device-side TMA descriptor over ptr (rows, COLS) row-major (COLS * itemsize a multiple of 16, at most 2^30
+    rows), through which store_group_tile writes (BLOCK_ROWS, BLOCK_COLS) boxes clipped to one group's rows.
+
+    Two leading coordinates turn a group's bounds into the descriptor's: with coordinates (c0, c1, c2, col) an
+    element sits at c0 * (2^34 - COLS) + (c1 + c2) * COLS + col; c0 = 2^30 makes the first term -2^30 * COLS
+    (2^64 wraps to 0 in byte addresses), c1 = group end and c2 = 2^30 - group rows + row make the address that of
+    (group start + row, col), and the hardware's bound c2 < 2^30 stops the box at the group's last row.
+    """
+  return tl.make_tensor_descriptor(ptr, shape=[0x7FFF0000, 0x7FFF0000, 0x40000000, COLS],
+                                   strides=[0x400000000 - COLS, COLS, COLS, 1],
+                                   block_shape=[1, 1, BLOCK_ROWS, BLOCK_COLS])
+
+
+@triton.jit
+def store_group_tile(desc, first_row, rows, row0, col0, tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+  """Rows [row0, rows) of the (BLOCK_M, BLOCK_N) tile (of the destination's dtype) to rows first_row + row0... and
+    columns col0... of desc's array (group_rows_descriptor with (BLOCK_M, BLOCK_N // 2) boxes), in two column
+    halves; columns past the array's end are clipped too. first_row + rows and row0 < 2^30."""
+  left, right = tile.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+  coords = [0x40000000, first_row + rows, 0x40000000 - rows + row0]
+  desc.store(coords + [col0], left.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
+  desc.store(coords + [col0 + BLOCK_N // 2], right.reshape(1, 1, BLOCK_M, BLOCK_N // 2))

@@ -5,6 +5,7 @@ Pure Python on static shapes; callers pass the device's multiprocessor count and
 GROUP_M = 8  # Row tiles per band of the L2-friendly tile order (common.tile_coords).
 _TMA_MAX_BLOCK = 256  # Largest box dimension of a tensor descriptor.
 _INT32_LIMIT = 2**31
+RAGGED_WINDOW = 2**30  # Rows a ragged descriptor (common.group_rows_descriptor) can address.
 
 
 def cdiv(a, b):
@@ -47,6 +48,12 @@ def gmm_tma_ok(m, k, n_out, in_itemsize, out_itemsize, block_m, block_n, block_k
   (Boxes start at multiples of the block along the innermost axis, so their starts are aligned too.)"""
   return (_strides_ok((k, n_out), in_itemsize) and _strides_ok((n_out,), out_itemsize)
           and _blocks_ok(block_m, block_n, block_k) and m < _INT32_LIMIT)
+
+
+def gmm_tma_store_ok(m, n_out, out_itemsize, block_n):
+  """Whether gmm_kernel, loading through TMA (gmm_tma_ok), may also store out through a ragged descriptor
+  (common.group_rows_descriptor): rows within its window, half a tile's row (the store box) at least 16 bytes."""
+  return m <= RAGGED_WINDOW and block_n // 2 * out_itemsize >= 16 and n_out < _INT32_LIMIT
 
 
 def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num_stages, shared_memory):

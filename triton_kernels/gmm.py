@@ -8,12 +8,14 @@ Two load paths share all tile logic. USE_TMA: lhs and rhs tiles come through hos
 (Hopper TMA; lhs_desc over lhs (M, K), rhs_desc over rhs viewed as (G, K, HALVES, N_OUT), or
 (G, HALVES, N_OUT, K) when transposed, HALVES = N // N_OUT); otherwise masked pointer loads (sm80, ROCm,
 strides that break TMA's 16-byte rules), and then lhs_desc/rhs_desc are unused. Stores are masked pointer
-stores on both paths (a tile may end past its group). Offsets are int64 wherever a product can pass 2^31.
+stores (a tile may end past its group), or with TMA_STORE (gmm_kernel, USE_TMA only) out's tiles leave through
+a device-side descriptor that clips each to its group's rows (common.store_group_tile). Offsets are int64
+wherever a product can pass 2^31.
 """
 import triton
 import triton.language as tl
 
-from jgmm.triton_kernels.common import activation, store_tile, tile_coords
+from jgmm.triton_kernels.common import activation, group_rows_descriptor, store_group_tile, store_tile, tile_coords
 
 
 @triton.jit
@@ -27,17 +29,18 @@ def _load_rhs(rhs_desc, g, half, n0, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
+def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, store_rows, mi, ni,
              K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-             ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr,
+             ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
              DOT_PRECISION: tl.constexpr):
   """Computes and stores output tile (mi, ni) of group g.
 
   The group's rows are [row_start, row_start + m_g) of lhs/out; the tile may write rows below
-  row_start + store_rows (store_rows >= m_g), and rows in [m_g, store_rows) get zeros.
+  row_start + store_rows (store_rows >= m_g), and rows in [m_g, store_rows) get zeros. out_desc: with
+  TMA_STORE, group_rows_descriptor over out (then row_start + store_rows < 2^31); unused otherwise.
   Pointer path: a 64-bit base pointer per operand tile plus int32 offsets within it (int64 only where a
   tile's offsets could pass 2^31), which keeps the pipelined loop's registers low.
   """
@@ -113,7 +116,11 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
     existing_offsets = tile_rows.to(OFFSET)[:, None] * N_OUT + tile_cols[None, :]
     y += tl.load(existing_ptr + tile_row0 * N_OUT + n0 + existing_offsets,
                  mask=store_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-  store_tile(out_ptr + tile_row0 * N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N_OUT, y, OFFSET)
+  if TMA_STORE:
+    store_group_tile(out_desc, row_start, store_rows, mi * BLOCK_M, n0, y.to(out_ptr.dtype.element_ty), BLOCK_M,
+                     BLOCK_N)
+  else:
+    store_tile(out_ptr + tile_row0 * N_OUT + n0, tile_rows, store_mask, tile_cols, col_mask, N_OUT, y, OFFSET)
 
 
 @triton.jit
@@ -173,7 +180,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-               ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr,
+               ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
                DOT_PRECISION: tl.constexpr):
   """Grouped matmul over a static tile schedule.
 
@@ -185,20 +192,27 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
   epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
-  bias_ptr/existing_ptr/h_ptr are unused placeholders when their flag is off.
+  bias_ptr/existing_ptr/h_ptr are unused placeholders when their flag is off. TMA_STORE (with USE_TMA, M <= 2^30):
+  the group tiles of out are stored through a device-side descriptor (Triton global scratch); the zero tiles
+  through pointers either way.
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   HALVES: tl.constexpr = N // N_OUT
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
+
+  if TMA_STORE:
+    out_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 2)
+  else:
+    out_desc = out_ptr
 
   num_programs = tl.num_programs(0)
   pid = tl.program_id(0)
   for tile in tl.range(pid, num_tiles, num_programs, flatten=True):
     g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
                                            GROUP_M)
-    gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc,
+    gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
-             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, DOT_PRECISION)
+             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
 
   if SAVE_PRE or not ACCUMULATE:
     first_row = tl.load(bounds_ptr)
@@ -237,6 +251,6 @@ def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr
   if mi * BLOCK_M >= m_g:
     _zero_tile(out_ptr, row_start + mi * BLOCK_M, row_start + MAX_M, ni * BLOCK_N, N, 0, BLOCK_M, BLOCK_N, N)
   else:
-    gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc,
+    gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc, out_ptr,
              g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
-             TRANSPOSE_W, False, False, "none", False, USE_TMA, DOT_PRECISION)
+             TRANSPOSE_W, False, False, "none", False, USE_TMA, False, DOT_PRECISION)

@@ -1,11 +1,12 @@
 """A/B: the table's config against configs of the warp-specialised Gluon kernel (Config.warp_specialized),
 forward (gmm) and d lhs (gmm_t), through backend_triton with precomputed bounds, timed interleaved.
-Session 4 ran it with docs/experiments/autows_gmm.diff applied (Triton's automatic warp specialisation, which
+Session 4 ran it with commit b72a6b0 checked out (Triton's automatic warp specialisation, which
 hung); session 5 with the Gluon kernel (triton_kernels/gmm_ws.py). python docs/experiments/ws_ab.py [case,...]"""
 import functools, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
-from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync, speed_of_light_ms
+from jgmm.bench import CASES, Inputs, speed_of_light_ms
+from jgmm.timing import jax_sync, time_interleaved
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 
@@ -23,7 +24,8 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
     tr = op == "gmm_t"
     lhs = inp.dout if tr else inp.x
     kk, nn = (n, k) if tr else (k, n)
-    table = config_table.lookup(op, "bfloat16", m / g, kk, nn, arch="sm90", out_dtype="bfloat16")
+    table = config_table.select(config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=tr),
+                                arch="sm90").config
     fns, ref = {}, None
     for cname, cfg in {"table": table, **WS}.items():
       f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=tr,
@@ -36,7 +38,7 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
       ref = o if ref is None else ref
       err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
       print(f"{name} {op} {cname}: compile+run {time.time()-t0:.1f}s, rel diff vs table {err:.2e}", flush=True)
-      fns[cname] = (functools.partial(f, lhs, inp.w, bounds), _jax_sync)
+      fns[cname] = (functools.partial(f, lhs, inp.w, bounds), jax_sync)
     ms = time_interleaved(fns, min_batch_s=0.05, batches=7)
     sol = speed_of_light_ms(m, kk, nn, g)
     rows += [(name, op, c, t, 100 * sol / t, ms["table"] / t) for c, t in ms.items()]

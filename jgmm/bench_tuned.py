@@ -1,0 +1,139 @@
+"""Benchmark: tuned dispatch (the tables) against the heuristic, per key and for a whole MoE layer. Needs a GPU.
+
+    python -m jgmm.bench_tuned [--table FILE] [--model-config CONFIG --ep N --tokens 1,16,...] [--out FILE]
+
+Per key: every entry of --table (default: the tables this GPU reads now, JGMM_CONFIG_FILES over the shipped one)
+timed interleaved against the heuristic's Triton config on the same inputs (jgmm.tune_worker.problem, M = rows *
+G); prints tuned us, heuristic us and their ratio, marks SLOWER where the tuned choice is slower beyond
+--noise, and the geomean of heuristic / tuned.
+Model level (--model-config): one MoE layer (gmm with swiglu up, gmm down; model_shapes.py's shapes) forward and
+forward+backward at each token count, compiled once with the tables (and --table) and once with the heuristic
+only, timed interleaved.
+"""
+import argparse
+import contextlib
+import json
+import os
+import statistics
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jgmm
+from jgmm import backend_triton, bench, config_table, model_shapes, timing, tune_worker
+
+
+@contextlib.contextmanager
+def heuristic_only():
+  """Inside: select() sees no table (override and heuristic only). Compile (lower) inside, run anywhere."""
+  config_table._select.cache_clear()
+  with mock.patch.object(config_table, "_merged_table", lambda *args: {}):
+    yield
+  config_table._select.cache_clear()
+
+
+def bench_keys(entries, arch, noise):
+  """[row] of each entry: tuned vs the heuristic's config, timed interleaved."""
+  rows = []
+  for entry in entries:
+    key = entry.key
+    try:
+      arrays, call, _ = tune_worker.problem(key, key.rows * key.g)
+    except ValueError as e:  # an op the tuner cannot time yet
+      print(f"| {key} | skipped: {e} |")
+      continue
+    heuristic = config_table.heuristic_config(key, arch)
+    tuned = call(entry.backend, entry.config)
+    fns = {"tuned": (lambda: tuned(*arrays), timing.jax_sync)}
+    fns["heuristic"] = (lambda f=call("triton", heuristic): f(*arrays), timing.jax_sync)
+    ms = timing.time_interleaved(fns)
+    row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"],
+           "heuristic_us": 1e3 * ms["heuristic"], "speedup": ms["heuristic"] / ms["tuned"],
+           "same_config": entry.backend == "triton" and entry.config == heuristic}
+    row["slower"] = row["speedup"] < 1 - noise
+    print(f"| {row['key']} | {entry.backend}{' (= heuristic)' if row['same_config'] else ''} | "
+          f"{row['tuned_us']:.1f} | {row['heuristic_us']:.1f} | {row['speedup']:.3f}x"
+          f"{' SLOWER' if row['slower'] else ''} |", flush=True)
+    rows.append(row)
+  return rows
+
+
+def _layer(sizes):
+  def layer(x, w_up, w_down):
+    return jgmm.gmm(jgmm.gmm(x, w_up, sizes, activation="swiglu"), w_down, sizes)
+  return layer
+
+
+def bench_model(dims, ep, tokens):
+  """[row] per token count: the MoE layer's forward and forward+backward, tables vs heuristic only."""
+  rows = []
+  g = dims.experts // ep
+  for t in tokens:
+    m = t * dims.top_k
+    keys = jax.random.split(jax.random.key(t), 4)
+    sizes = jnp.asarray(bench.group_sizes(m, g))
+    x = (jax.random.normal(keys[0], (m, dims.hidden), jnp.float32) / np.sqrt(dims.hidden)).astype(jnp.bfloat16)
+    w_up = (jax.random.normal(keys[1], (g, dims.hidden, 2 * dims.intermediate)) / np.sqrt(dims.hidden)
+            ).astype(jnp.bfloat16)
+    w_down = (jax.random.normal(keys[2], (g, dims.intermediate, dims.hidden)) / np.sqrt(dims.intermediate)
+              ).astype(jnp.bfloat16)
+    dout = jax.random.normal(keys[3], (m, dims.hidden), jnp.bfloat16)
+    layer = _layer(sizes)
+    loss = lambda x, a, b: jnp.vdot(layer(x, a, b).astype(jnp.float32), dout.astype(jnp.float32))
+    fwd, fwd_bwd = jax.jit(layer), jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    args = (x, w_up, w_down)
+    compiled = {"tuned": [f.lower(*args).compile() for f in (fwd, fwd_bwd)]}
+    with heuristic_only():
+      compiled["heuristic"] = [f.lower(*args).compile() for f in (fwd, fwd_bwd)]
+    row = {"tokens": t, "m": m, "g": g}
+    for i, phase in enumerate(("fwd", "fwd_bwd")):
+      ms = timing.time_interleaved({name: (lambda f=fns[i]: f(*args), timing.jax_sync)
+                                   for name, fns in compiled.items()})
+      row |= {f"{phase}_tuned_ms": ms["tuned"], f"{phase}_heuristic_ms": ms["heuristic"],
+              f"{phase}_speedup": ms["heuristic"] / ms["tuned"]}
+    print(f"| {t} | {m} | {row['fwd_tuned_ms']:.3f} | {row['fwd_heuristic_ms']:.3f} | {row['fwd_speedup']:.3f}x | "
+          f"{row['fwd_bwd_tuned_ms']:.3f} | {row['fwd_bwd_heuristic_ms']:.3f} | {row['fwd_bwd_speedup']:.3f}x |",
+          flush=True)
+    rows.append(row)
+  return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--table", help="a table file (jgmm-tune --output): its entries, and used by the model level")
+  p.add_argument("--model-config", help="a Hugging Face MoE config: also bench one layer at each --tokens")
+  p.add_argument("--ep", type=int, default=1)
+  p.add_argument("--tokens", type=lambda s: [int(t) for t in s.split(",")], default=[1, 16, 64, 256, 1024, 4096, 16384])
+  p.add_argument("--noise", type=float, default=0.03, help="relative slowdown still counted as noise")
+  p.add_argument("--out", default="bench_tuned.json", help="the JSON results file")
+  args = p.parse_args(argv)
+  if jax.devices()[0].platform != "gpu":
+    raise SystemExit("jgmm.bench_tuned needs a GPU")
+  gpu = backend_triton._device()
+  if args.table:
+    os.environ["JGMM_CONFIG_FILES"] = ":".join(p for p in (args.table, os.environ.get("JGMM_CONFIG_FILES")) if p)
+  entries = (config_table.read_table(args.table) if args.table else config_table.active_table(gpu.arch, gpu.kind))
+  print(f"device: {jax.devices()[0].device_kind}; {len(entries)} table entries\n")
+  print("| key | tuned backend | tuned us | heuristic us | heuristic / tuned |\n|---|---|---|---|---|")
+  keys = bench_keys(entries.values(), gpu.arch, args.noise)
+  speedups = [r["speedup"] for r in keys]
+  if speedups:
+    print(f"\ngeomean heuristic / tuned over {len(speedups)} keys: {statistics.geometric_mean(speedups):.3f}x; "
+          f"slower than the heuristic beyond {args.noise:.0%}: {sum(r['slower'] for r in keys)}")
+  model = []
+  if args.model_config:
+    with open(args.model_config) as f:
+      dims = model_shapes.moe_dims(json.load(f), args.model_config)
+    print(f"\nMoE layer {args.model_config} {dims}, ep {args.ep} (ms)\n")
+    print("| tokens | M | fwd tuned | fwd heuristic | fwd gain | fwd+bwd tuned | fwd+bwd heuristic | fwd+bwd gain |")
+    print("|---|---|---|---|---|---|---|---|")
+    model = bench_model(dims, args.ep, args.tokens)
+  with open(args.out, "w") as f:
+    json.dump({"device": jax.devices()[0].device_kind, "keys": keys, "model": model}, f, indent=1)
+  print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,48 @@
+"""Wall-clock timing of asynchronous calls (JAX or torch), shared by `python -m jgmm` and jgmm.bench.
+
+Timing: wall clock around a batch of asynchronous calls ended by one synchronisation, median of several
+batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead).
+"""
+import statistics
+import time
+
+import jax
+
+
+def jax_sync(x):
+  jax.block_until_ready(x)
+
+
+def time_ms(fn, sync, min_batch_s=0.05, batches=7):
+  """Median ms per call of fn() over `batches` timed batches (each ended by sync()), after warm-up."""
+  return time_interleaved({"fn": (fn, sync)}, min_batch_s, batches)["fn"]
+
+
+def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
+  """{name: median ms per call} of fns {name: (fn, sync)}.
+
+  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
+  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
+  slows down within a second). A fn whose single warm call takes longer than cap_s is timed by that call.
+  """
+  reps, result = {}, {}
+  for name, (fn, sync) in fns.items():
+    sync(fn())
+    start = time.perf_counter()
+    sync(fn())
+    per_call = max(time.perf_counter() - start, 1e-6)
+    if cap_s is not None and per_call > cap_s:
+      result[name] = 1e3 * per_call
+    else:
+      reps[name] = max(1, int(min_batch_s / per_call))
+  samples = {name: [] for name in reps}
+  for _ in range(batches):
+    for name in reps:
+      fn, sync = fns[name]
+      start = time.perf_counter()
+      for _ in range(reps[name] - 1):
+        fn()
+      sync(fn())
+      samples[name].append((time.perf_counter() - start) / reps[name])
+  result.update({name: 1e3 * statistics.median(times) for name, times in samples.items()})
+  return result

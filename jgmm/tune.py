@@ -1,0 +1,350 @@
+"""jgmm-tune (also `python -m jgmm.tune`): tune the backend and kernel config of grouped-GEMM calls on this GPU.
+
+    jgmm-tune --model-config examples/models/mixtral-8x7b.json --ep 8 --tokens 1,16,64,256,1024,4096,16384
+    jgmm-tune --capture shapes.jsonl          # the keys a run with JGMM_CAPTURE_SHAPES=shapes.jsonl traced
+    jgmm-tune --shape gmm,8192,4096,14336,8   # op,M,K,N,G (--dtype, --out-dtype)
+
+Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every candidate (the candidate space of
+--space, or --candidates FILE, plus the heuristic's config and the xla backend), then the --finalists fastest and
+the heuristic's config and the xla backend timed again interleaved, each checked against the xla backend's output:
+a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
+rejected. The fastest of the rest is the entry, "xla" where the portable backend is the fastest. Results go to
+--output (default: ./<the table name this GPU reads>, e.g. sm90-nvidia_h200.json), rewritten atomically after each
+key: killing the tuner loses no finished key, and rerunning resumes (keys in --output, or with an exact entry in
+the tables select() reads now, are skipped unless --all). Use the file with JGMM_CONFIG_FILES=path, or ship it in
+configs/.
+
+Candidates run in a worker process (jgmm.tune_worker): one that runs longer than --timeout seconds (a hang) or
+kills the worker (a crash) is reported and skipped, and a fresh worker goes on. On a machine without a GPU, the
+xla backend runs (and Triton's interpreter under TRITON_INTERPRET=1), so the loop runs end to end on a CPU.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+from jgmm import capture, config_table, model_shapes
+from jgmm.config import Config
+
+_C = Config
+# The default space (--space small): configs measured best on some case on an H200 or H100 (docs/perf-notes.md).
+_GMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(64, 256, 64, 4, 4), _C(64, 256, 32, 4, 4, programs_per_sm=2),
+        _C(64, 256, 32, 4, 3, programs_per_sm=2), _C(128, 128, 32, 4, 4, programs_per_sm=2),
+        _C(128, 256, 64, 8, 3, warp_specialized=True), _C(64, 128, 64, 4, 4)]
+_SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4, 6), _C(16, 128, 64, 4, 8),
+              _C(32, 128, 128, 4, 4)]
+_TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
+_SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
+# Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits).
+_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11, "fp8e4m3": 2.0**-4, "fp8e4m3fnuz": 2.0**-4,
+        "fp8e5m2": 2.0**-3}
+
+
+def candidate_space(key, space):
+  """Triton Configs to screen for key: space "small" (the measured bests above) or "full" (a grid)."""
+  gmm_like = key.op != "tgmm"
+  if space == "full":
+    configs = [_C(bm, bn, bk, w, s, programs_per_sm=p, tma=t)
+               for bm in (16, 32, 64, 128) for bn in (64, 128, 256) for bk in (32, 64, 128) for w in (4, 8)
+               for s in (3, 4, 5) for p in (1, 2) for t in ((True, False) if gmm_like else (False,))
+               if (w == 8) == (bm * bn >= 128 * 256) and bm <= max(16, 2 * key.rows)]
+  else:
+    small = key.rows <= 32
+    base = (_SMALL_GMM if small else _GMM) if gmm_like else (_SMALL_TGMM if small else _TGMM)
+    configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
+  if key.op not in ("gmm", "gmm_t"):  # The warp-specialised kernel is gmm's only.
+    configs = [c for c in configs if not c.warp_specialized]
+  return configs
+
+
+def candidates(key, configs, arch, backends):
+  """[{"backend": ..., "config": ...}] to screen: the heuristic's config first and the configs that fit arch's
+  shared memory (if "triton" in backends), and the xla backend (if "xla" in backends)."""
+  out = []
+  if "triton" in backends:
+    heuristic = config_table.heuristic_config(key, arch)
+    fitting = [c for c in configs if c != heuristic and config_table.fits(key, c, arch)]
+    out += [{"backend": "triton", "config": dataclasses.asdict(c)} for c in [heuristic, *fitting]]
+  if "xla" in backends:
+    out.append({"backend": "xla"})
+  return out
+
+
+class WorkerFailed(Exception):
+  """The worker hung (timed out) or died while running candidate i (-1: the whole final phase)."""
+
+  def __init__(self, i, reason):
+    super().__init__(reason)
+    self.i = i
+
+
+class Worker:
+  """A jgmm.tune_worker process; restarted after a failure."""
+
+  def __init__(self, verbose, start_timeout_s=600, command=(sys.executable, "-m", "jgmm.tune_worker")):
+    self.verbose, self.start_timeout_s, self.command = verbose, start_timeout_s, list(command)
+    self.proc = self.device = None
+
+  def start(self):
+    self.log = None if self.verbose else tempfile.TemporaryFile()
+    self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+    self.buffer = b""
+    self.device = self._read(self.start_timeout_s, -1)
+
+  def stop(self):
+    if self.proc is not None:
+      self.proc.kill()
+      self.proc.wait()
+      self.proc = None
+
+  def _read(self, timeout_s, i):
+    """The next JSON line of the worker, or WorkerFailed(i) after timeout_s or if it exits."""
+    deadline = time.monotonic() + timeout_s
+    fd = self.proc.stdout.fileno()
+    while b"\n" not in self.buffer:
+      left = deadline - time.monotonic()
+      if left <= 0 or not select.select([fd], [], [], left)[0]:
+        self.stop()
+        raise WorkerFailed(i, f"timed out after {timeout_s:.0f} s")
+      chunk = os.read(fd, 1 << 16)
+      if not chunk:
+        self.proc.wait()
+        reason = f"the worker died (exit status {self.proc.returncode}){self._log_tail()}"
+        self.proc = None
+        raise WorkerFailed(i, reason)
+      self.buffer += chunk
+    line, self.buffer = self.buffer.split(b"\n", 1)
+    return json.loads(line)
+
+  def _log_tail(self):
+    if self.log is None:
+      return ""
+    self.log.seek(0)
+    return ": " + self.log.read().decode(errors="replace")[-500:]
+
+  def run(self, job, timeout_s):
+    """Yields the result events of a job; WorkerFailed when a candidate (or the final phase) fails."""
+    if self.proc is None:
+      self.start()
+    self.proc.stdin.write((json.dumps(job) + "\n").encode())
+    self.proc.stdin.flush()
+    current, limit = -1, timeout_s * (len(job["candidates"]) + 1 if job["phase"] == "final" else 1)
+    while True:
+      event = self._read(limit, current)
+      if event["event"] == "done":
+        return
+      if event["event"] == "start":
+        current = event["i"]
+      else:
+        yield event
+
+
+def _screen(worker, key, m, cands, args, report):
+  """{candidate index: us} of the candidates that ran; failures are reported."""
+  timings, todo = {}, list(range(len(cands)))
+  while todo:
+    job = {"phase": "screen", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in todo],
+           "seconds": args.screen_s}
+    try:
+      for event in worker.run(job, args.timeout):
+        i = todo[event["i"]]
+        report("screen", cands[i], event)
+        if "us" in event:
+          timings[i] = event["us"]
+      todo = []
+    except WorkerFailed as failed:
+      if failed.i < 0:  # before any candidate started: the key's inputs
+        report("screen", None, {"error": str(failed)})
+        break
+      report("screen", cands[todo[failed.i]], {"error": str(failed)})
+      todo = todo[failed.i + 1:]
+  return timings
+
+
+def tune_key(worker, key, m, args, report):
+  """The Entry for key (None if no candidate ran correctly)."""
+  arch = worker.device["arch"]
+  configs = args.candidates or candidate_space(key, args.space)
+  cands = candidates(key, configs, arch, args.backends if worker.device["triton"] else ["xla"])
+  timings = _screen(worker, key, m, cands, args, report)
+  if not timings:
+    return None
+  # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
+  triton = sorted((i for i in timings if cands[i]["backend"] == "triton"), key=timings.get)[:args.finalists]
+  finalists = sorted(set(triton) | {i for i in timings if cands[i]["backend"] == "xla" or i == 0})
+  job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in finalists],
+         "seconds": args.final_s}
+  bound = args.err_ratio * max(_EPS[key.in_dtype], _EPS[key.out_dtype])
+  results = []
+  try:
+    for event in worker.run(job, args.timeout):
+      cand = cands[finalists[event["i"]]]
+      if "us" in event and event["max_rel_err"] > bound:
+        event = {**event, "error": f"max_rel_err {event['max_rel_err']:.3g} > {bound:.3g}"}
+      report("final", cand, event)
+      if "error" not in event:
+        results.append((event["us"], cand, event))
+  except WorkerFailed as failed:
+    report("final", None, {"error": f"final phase: {failed}"})
+    return None
+  if not results:
+    return None
+  us, cand, event = min(results, key=lambda r: r[0])
+  device = worker.device
+  return config_table.Entry(key, cand["backend"], Config(**cand["config"]) if "config" in cand else None, us=us,
+                            tflops=event["tflops"], max_rel_err=event["max_rel_err"], gpu=device["gpu"],
+                            jgmm=device["jgmm_version"], triton=device["triton_version"])
+
+
+def _parse_shape(text, dtype, out_dtype):
+  """(Key, M) of "op,M,K,N,G"."""
+  try:
+    op, *sizes = text.split(",")
+    m, k, n, g = (int(s) for s in sizes)
+  except ValueError:
+    raise SystemExit(f"--shape wants op,M,K,N,G (e.g. gmm,8192,4096,14336,8), got {text!r}") from None
+  if op not in ("gmm", "gmm_t", "tgmm", "masked"):
+    raise SystemExit(f"--shape: op must be gmm, gmm_t, tgmm or masked, got {op!r}")
+  return config_table.make_key(op, dtype, out_dtype, m / g, k, n, g, transpose=op in ("gmm_t", "tgmm")), m
+
+
+def calls(args):
+  """[(Key, M)] of the capture files, the --shape options and the model config, in order, without repeats."""
+  found = []
+  for path in args.capture:
+    for i, fields in enumerate(capture.read(path)):
+      try:
+        key = config_table.Key(**fields)
+      except TypeError as e:
+        raise SystemExit(f"{path}: line {i + 1}: not a jgmm key: {e}") from None
+      found.append((key, key.rows * key.g))
+  found += [_parse_shape(s, args.dtype, args.out_dtype) for s in args.shape]
+  if args.model_config:
+    with open(args.model_config) as f:
+      dims = model_shapes.moe_dims(json.load(f), args.model_config)
+    found += model_shapes.layer_calls(dims, args.ep, args.tokens, args.dtype)
+  unique = {}
+  for key, m in found:
+    if key.op in args.ops:
+      unique.setdefault(key, m)
+  return list(unique.items())
+
+
+def _comment(path):
+  """The "comment" of the table file at path (kept when the tuner rewrites it), or None."""
+  try:
+    with open(path) as f:
+      return json.load(f).get("comment")
+  except FileNotFoundError:
+    return None
+
+
+def _progress(total):
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=total, unit="key", dynamic_ncols=True)
+
+
+def _read_configs(path):
+  with open(path) as f:
+    return [Config(**fields) for fields in json.load(f)]
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="jgmm-tune", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--capture", action="append", default=[], help="a JGMM_CAPTURE_SHAPES file (repeatable)")
+  p.add_argument("--shape", action="append", default=[], help="op,M,K,N,G (repeatable)")
+  p.add_argument("--model-config", help="a Hugging Face MoE model's config.json (jgmm/model_shapes.py)")
+  p.add_argument("--ep", type=int, default=1, help="expert parallelism: devices the experts are spread over")
+  p.add_argument("--tokens", type=lambda s: [int(t) for t in s.split(",")], default=[1, 16, 64, 256, 1024, 4096, 16384],
+                 help="tokens per device, comma-separated")
+  p.add_argument("--dtype", default="bfloat16", help="--shape/--model-config inputs' dtype (numpy name)")
+  p.add_argument("--out-dtype", default=None, help="--shape outputs' dtype (default --dtype)")
+  p.add_argument("--ops", type=lambda s: s.split(","), default=["gmm", "gmm_t", "tgmm", "masked"],
+                 help="ops to tune, comma-separated")
+  p.add_argument("--all", action="store_true", help="retune keys already tuned (in --output or the tables)")
+  p.add_argument("--output", help="the table file to write (default: ./<this GPU's table name>)")
+  p.add_argument("--profile-file", help="append every candidate's result to this file, one JSON line each")
+  p.add_argument("--verbose", action="store_true", help="print every candidate and the worker's log")
+  p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take (compile and time)")
+  p.add_argument("--backends", type=lambda s: s.split(","), default=["triton", "xla"], help="triton,xla")
+  p.add_argument("--space", choices=("small", "full"), default="small", help="the candidate space")
+  p.add_argument("--candidates", type=_read_configs,
+                 help="a JSON list of Config objects to screen instead of --space")
+  p.add_argument("--finalists", type=int, default=3, help="Triton candidates timed again in the final phase")
+  p.add_argument("--err-ratio", type=float, default=4.0,
+                 help="reject a candidate whose error vs the xla backend exceeds this x the dtype's unit roundoff")
+  p.add_argument("--screen-s", type=float, default=0.01, help="seconds per screening batch")
+  p.add_argument("--final-s", type=float, default=0.05, help="seconds per final-phase batch")
+  args = p.parse_args(argv)
+  args.out_dtype = args.out_dtype or args.dtype
+  if not (args.capture or args.shape or args.model_config):
+    p.error("give --capture, --shape or --model-config")
+  return args
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  todo = calls(args)
+  worker = Worker(args.verbose)
+  try:
+    tune(args, todo, worker)
+  finally:
+    worker.stop()
+
+
+def tune(args, todo, worker):
+  """Tunes the (Key, M) pairs of todo with worker, writing args.output after each."""
+  worker.start()
+  device = worker.device
+  output = args.output or config_table.table_files(device["arch"] or device["platform"], device["kind"])[0]
+  table = config_table.read_table(output)
+  comment = _comment(output)
+  tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
+  skipped = [key for key, _ in todo if key in tuned and not args.all]
+  todo = [(key, m) for key, m in todo if key not in skipped]
+  print(f"jgmm-tune on {device['gpu']} ({device['platform']}): {len(todo)} keys to tune, {len(skipped)} already "
+        f"tuned{' (--all retunes them)' if skipped else ''}; writing {output}", flush=True)
+  profile = open(args.profile_file, "a", buffering=1) if args.profile_file else None
+  bar = _progress(len(todo))
+
+  def reporter(key):
+    def report(phase, cand, event):
+      record = {"key": str(key), "phase": phase, "candidate": cand, **event}
+      if profile:
+        profile.write(json.dumps(record) + "\n")
+      if args.verbose or ("error" in event and phase == "final"):
+        (bar.write if bar else print)(json.dumps(record))
+    return report
+
+  for key, m in todo:
+    if bar:
+      bar.set_description(str(key))
+    entry = tune_key(worker, key, m, args, reporter(key))
+    if entry is None:
+      best = "no candidate ran correctly; not written"
+    else:
+      table[key] = entry
+      config_table.write_table(output, table.values(), comment)
+      best = f"{entry.backend} {entry.us:.1f} us {entry.tflops:.2f} TFLOP/s {entry.config or ''}"
+    if bar:
+      bar.set_postfix_str(f"last: {best}")
+      bar.update()
+    else:
+      print(f"{key}: {best}", flush=True)
+  if bar:
+    bar.close()
+  if profile:
+    profile.close()
+
+
+if __name__ == "__main__":
+  main()

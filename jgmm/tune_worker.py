@@ -1,0 +1,158 @@
+"""The tuner's worker process: `python -m jgmm.tune_worker`, started by jgmm.tune, never by hand.
+
+It writes one JSON line to stdout first (the device), then reads jobs from stdin, one JSON line each, and answers
+every job with JSON lines on stdout: {"event": "start", "i": i} before candidate i runs (so that the parent can
+tell which one hangs), {"event": "result", "i": i, "us": ..., "max_rel_err": ..., "error": ...} after it, then
+{"event": "done"}. Anything else the process prints goes to stderr.
+
+A job: {"phase": "screen" | "final", "key": Key fields, "m": total rows, "candidates": [{"backend": "triton",
+"config": Config fields} | {"backend": "xla"}], "seconds": the batch length to time with}.
+  screen: each candidate in turn, a short timing (jgmm.timing.time_ms: 3 batches).
+  final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
+    then all timed interleaved (jgmm.timing.time_interleaved: 7 rounds).
+Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing).
+"""
+import importlib.metadata
+import json
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jgmm
+from jgmm import bench, config_table, timing
+from jgmm.config import Config
+
+_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+
+def device():
+  """{"platform", "gpu" (device_kind), "arch", "kind" (None without Triton), "triton" (whether Triton runs here),
+  "triton_version", "jgmm_version"}."""
+  first = jax.devices()[0]
+  info = {"platform": first.platform, "gpu": first.device_kind, "arch": None, "kind": None,
+          "triton": first.platform == "gpu" or os.environ.get("TRITON_INTERPRET") == "1",
+          "triton_version": config_table.triton_version(),
+          "jgmm_version": importlib.metadata.version("jgmm")}
+  if info["triton"]:
+    from jgmm import backend_triton
+    gpu = backend_triton._device()
+    info.update(arch=gpu.arch, kind=gpu.kind)
+  return info
+
+
+def problem(key, m, seed=0):
+  """(arrays, call(backend, config) -> a jitted function of the arrays, flops) of one key with m total rows."""
+  if key.op not in ("gmm", "gmm_t", "tgmm", "masked") or {key.in_dtype, key.out_dtype} - set(_DTYPES):
+    raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} yet")
+  dtype, out_dtype = _DTYPES[key.in_dtype], _DTYPES[key.out_dtype]
+  g, k, n = key.g, key.k, key.n
+  keys = iter(jax.random.split(jax.random.key(seed), 4))
+  normal = lambda shape, scale=1.0: (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+  flops = 2 * m * k * n
+  if key.op == "masked":
+    x, w = normal((g, m // g, k), k**-0.5), normal((g, n, k))
+    masked_m = jnp.full((g,), m // g, jnp.int32)
+    return (x, w, masked_m), lambda backend, config: jax.jit(lambda x, w, mm: jgmm.masked_gmm(
+        x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops
+  sizes = jnp.asarray(bench.group_sizes(m, g, seed))
+  if key.op == "tgmm":
+    lhs, rhs = normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n))
+    existing = normal((g, k, n)).astype(out_dtype) if key.accumulate else None
+    return (lhs, rhs, sizes, existing), lambda backend, config: jax.jit(lambda lhs, rhs, sizes, existing: jgmm.tgmm(
+        lhs, rhs, sizes, transpose_lhs=key.transpose, preferred_element_type=out_dtype, existing_out=existing,
+        bias_grad=key.bias, config=config, backend=backend)), flops
+  n_out = n // 2 if key.activation == "swiglu" else n
+  lhs, rhs = normal((m, k), k**-0.5), normal((g, n, k) if key.transpose else (g, k, n))
+  bias = normal((g, n)) if key.bias else None
+  existing = normal((m, n_out)).astype(out_dtype) if key.accumulate else None
+  return (lhs, rhs, sizes, bias, existing), lambda backend, config: jax.jit(
+      lambda lhs, rhs, sizes, bias, existing: jgmm.gmm(
+          lhs, rhs, sizes, bias=bias, transpose_rhs=key.transpose, preferred_element_type=out_dtype,
+          existing_out=existing, activation=key.activation, config=config, backend=backend)), flops
+
+
+def max_rel_err(out, ref):
+  """max |out - ref| / max |ref| over every output (inf where out holds NaN or inf)."""
+  worst = 0.0
+  for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+    o, r = o.astype(jnp.float32), r.astype(jnp.float32)
+    err = float(jnp.max(jnp.abs(o - r)) / jnp.maximum(jnp.max(jnp.abs(r)), 1e-30))
+    worst = max(worst, err if math.isfinite(err) else math.inf)
+  return worst
+
+
+def _config(candidate):
+  return Config(**candidate["config"]) if candidate["backend"] == "triton" else None
+
+
+class _Problem:
+  """One key's inputs and its jitted calls, kept from the screen to the final phase (compiled once)."""
+
+  def __init__(self, key, m):
+    self.id = (key, m)
+    self.arrays, self._call, self.flops = problem(key, m)
+    self._fns = {}
+
+  def call(self, backend, config):
+    if (backend, config) not in self._fns:
+      self._fns[backend, config] = self._call(backend, config)
+    return self._fns[backend, config]
+
+
+_current = None  # the _Problem of the last job
+
+
+def run_job(job, emit):
+  """Answers one job (module docstring) through emit(dict)."""
+  global _current
+  key = config_table.Key(**job["key"])
+  if _current is None or _current.id != (key, job["m"]):
+    _current = None  # Frees the last key's arrays first.
+    try:
+      _current = _Problem(key, job["m"])
+    except ValueError as e:  # an op the tuner cannot time: every candidate fails
+      for i in range(len(job["candidates"])):
+        emit({"event": "result", "i": i, "error": str(e)})
+      emit({"event": "done"})
+      return
+  arrays, call, flops = _current.arrays, _current.call, _current.flops
+  candidates, seconds = job["candidates"], job["seconds"]
+  if job["phase"] == "screen":
+    for i, candidate in enumerate(candidates):
+      emit({"event": "start", "i": i})
+      try:
+        fn = call(candidate["backend"], _config(candidate))
+        us = 1e3 * timing.time_ms(lambda: fn(*arrays), timing.jax_sync, min_batch_s=seconds, batches=3)
+        emit({"event": "result", "i": i, "us": us, "tflops": flops / us / 1e6})
+      except Exception as e:  # A candidate that does not compile or run is reported and skipped.
+        emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+  else:
+    emit({"event": "start", "i": -1})
+    ref = call("xla", None)(*arrays)
+    fns, errors = {}, {}
+    for i, candidate in enumerate(candidates):
+      try:
+        fn = call(candidate["backend"], _config(candidate))
+        errors[i] = max_rel_err(fn(*arrays), ref)
+        fns[i] = (lambda fn=fn: fn(*arrays), timing.jax_sync)
+      except Exception as e:
+        emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    for i, ms in timing.time_interleaved(fns, min_batch_s=seconds, batches=7).items():
+      emit({"event": "result", "i": i, "us": 1e3 * ms, "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})
+  emit({"event": "done"})
+
+
+def main():
+  out = os.fdopen(os.dup(1), "w", buffering=1)
+  os.dup2(2, 1)  # Stray prints of the libraries go to stderr, not into the protocol.
+  emit = lambda obj: out.write(json.dumps(obj) + "\n")
+  emit({"event": "device", **device()})
+  for line in sys.stdin:
+    run_job(json.loads(line), emit)
+
+
+if __name__ == "__main__":
+  main()

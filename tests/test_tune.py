@@ -1,0 +1,238 @@
+"""jgmm-tune on the CPU: model-config shapes per family, the tuner's choice with candidates that hang, crash, fail
+or are wrong (a scripted worker), and a real tuner killed mid-run that resumes."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from unittest import mock
+
+from absl.testing import absltest
+
+from jgmm import config_table, model_shapes, tune, tune_worker
+from jgmm.config import Config
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
+
+
+def _example(name):
+  with open(os.path.join(EXAMPLES, name)) as f:
+    return json.load(f)
+
+
+class ModelShapesTest(absltest.TestCase):
+
+  def test_each_family_reads_its_field_names(self):
+    for name, want in [("mixtral-8x7b.json", (8, 2, 4096, 14336)), ("deepseek-v3.json", (256, 8, 7168, 2048)),
+                       ("qwen3-30b-a3b.json", (128, 8, 2048, 768)), ("gpt-oss-20b.json", (32, 4, 2880, 2880))]:
+      self.assertEqual(model_shapes.moe_dims(_example(name)), model_shapes.MoeDims(*want), name)
+    nested = {"text_config": _example("qwen3-30b-a3b.json")}
+    self.assertEqual(model_shapes.moe_dims(nested).experts, 128)
+
+  def test_missing_fields_and_bad_ep_are_errors(self):
+    config = _example("mixtral-8x7b.json")
+    del config["num_local_experts"]
+    with self.assertRaisesRegex(ValueError, r"mine.json: .*'num_local_experts', 'n_routed_experts', 'num_experts'"):
+      model_shapes.moe_dims(config, "mine.json")
+    with self.assertRaisesRegex(ValueError, "--ep must divide the 8 experts, got 3"):
+      model_shapes.layer_calls(model_shapes.moe_dims(_example("mixtral-8x7b.json")), 3, [1])
+
+  def test_forward_backward_and_masked_calls(self):
+    dims = model_shapes.moe_dims(_example("deepseek-v3.json"))
+    calls = model_shapes.layer_calls(dims, 8, [4096, 1])
+    g, h, i = 32, 7168, 2048
+    big = {(k.op, k.k, k.n, k.transpose, k.activation): m for k, m in calls if k.rows == 1024}
+    self.assertEqual(big, {
+        ("gmm", h, 2 * i, False, "swiglu"): 32768, ("gmm", i, h, False, None): 32768,  # forward
+        ("gmm_t", 2 * i, h, True, None): 32768, ("gmm_t", h, i, True, None): 32768,  # d lhs
+        ("tgmm", h, 2 * i, True, None): 32768, ("tgmm", i, h, True, None): 32768,  # d rhs
+        ("masked", h, 2 * i, False, None): 32768, ("masked", i, h, False, None): 32768,
+        ("masked", 2 * i, h, False, None): 32768, ("masked", h, i, False, None): 32768})
+    # One token: 8 rows over 32 experts; masked keeps one row per expert.
+    small = [(k, m) for k, m in calls if k.rows == 1]
+    self.assertLen(small, 10)
+    self.assertEqual({m for k, m in small if k.op == "masked"}, {g})
+    self.assertEqual({m for k, m in small if k.op != "masked"}, {8})
+    self.assertTrue(all(k.g == g and k.in_dtype == k.out_dtype == "bf16" for k, _ in calls))
+    # Token counts landing in one bucket give one key each.
+    self.assertLen(model_shapes.layer_calls(dims, 8, [1, 2]), 10)
+
+  def test_calls_merge_inputs_filter_ops_and_drop_repeats(self):
+    path = os.path.join(tempfile.mkdtemp(), "shapes.jsonl")
+    self.addCleanup(shutil.rmtree, os.path.dirname(path))
+    captured = config_table.make_key("masked", "bfloat16", "bfloat16", 8, 64, 32, 4)
+    with open(path, "w") as f:
+      f.write(json.dumps(captured._asdict()) + "\n")
+    args = tune.parse_args(["--capture", path, "--shape", "gmm,64,32,48,4", "--shape", "gmm,60,32,48,4",
+                            "--model-config", os.path.join(EXAMPLES, "mixtral-8x7b.json"), "--tokens", "1",
+                            "--ops", "gmm,masked"])
+    calls = tune.calls(args)
+    self.assertEqual(calls[:2], [(captured, 32), (config_table.make_key("gmm", "bfloat16", "bfloat16", 16, 32, 48, 4),
+                                                  64)])
+    self.assertEqual({k.op for k, _ in calls}, {"gmm", "masked"})
+    self.assertLen(calls, 2 + 2 + 4)  # capture, one --shape (the other repeats its key), mixtral's gmm and masked
+
+
+# A scripted worker: candidate block_m 32 hangs, 64 crashes the process, 128 fails to compile; screened time = block_n
+# (xla: FAKE_XLA_US); in the final phase block_n 16 is wrong (max_rel_err 0.5).
+_FAKE_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    def emit(obj):
+      sys.stdout.write(json.dumps(obj) + "\\n")
+      sys.stdout.flush()
+    def us(c):
+      return float(os.environ["FAKE_XLA_US"]) if c["backend"] == "xla" else float(c["config"]["block_n"])
+    emit({"event": "device", "platform": "fake", "gpu": "Fake GPU", "arch": None, "kind": None, "triton": True,
+          "triton_version": "9.9", "jgmm_version": "0.0"})
+    for line in sys.stdin:
+      job = json.loads(line)
+      if job["phase"] == "screen":
+        for i, c in enumerate(job["candidates"]):
+          emit({"event": "start", "i": i})
+          block_m = c.get("config", {}).get("block_m")
+          if block_m == 32:
+            time.sleep(60)
+          if block_m == 64:
+            os._exit(3)
+          if block_m == 128:
+            emit({"event": "result", "i": i, "error": "CompileError: out of resources"})
+          else:
+            emit({"event": "result", "i": i, "us": us(c), "tflops": 1.0})
+      else:
+        emit({"event": "start", "i": -1})
+        for i, c in enumerate(job["candidates"]):
+          wrong = c["backend"] == "triton" and c["config"]["block_n"] == 16
+          emit({"event": "result", "i": i, "us": us(c), "tflops": 2.0, "max_rel_err": 0.5 if wrong else 1e-4})
+      emit({"event": "done"})
+    """)
+
+
+class TunerChoiceTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.dir)
+    configs = [Config(16, 16, 16, 4, 2), Config(16, 32, 16, 4, 2), Config(32, 32, 16, 4, 2), Config(64, 32, 16, 4, 2),
+               Config(128, 32, 16, 4, 2), Config(16, 64, 16, 4, 2)]
+    path = os.path.join(self.dir, "candidates.json")
+    with open(path, "w") as f:
+      json.dump([{"block_m": c.block_m, "block_n": c.block_n, "block_k": c.block_k, "num_warps": c.num_warps,
+                  "num_stages": c.num_stages} for c in configs], f)
+    self.args = tune.parse_args(["--shape", "gmm,64,32,48,4", "--timeout", "1.5", "--candidates", path])
+    self.key, self.m = tune.calls(self.args)[0]
+
+  def run_tuner(self, xla_us):
+    os.environ["FAKE_XLA_US"] = str(xla_us)
+    self.addCleanup(os.environ.pop, "FAKE_XLA_US")
+    worker = tune.Worker(verbose=False, command=[sys.executable, "-c", _FAKE_WORKER])
+    self.addCleanup(worker.stop)
+    worker.start()
+    reports = []
+    entry = tune.tune_key(worker, self.key, self.m, self.args, lambda phase, c, e: reports.append((phase, c, e)))
+    return entry, reports
+
+  def test_hangs_crashes_and_failures_are_skipped_and_wrong_results_rejected(self):
+    entry, reports = self.run_tuner(xla_us=1000)
+    self.assertEqual((entry.backend, entry.config), ("triton", Config(16, 32, 16, 4, 2)))
+    self.assertEqual((entry.us, entry.max_rel_err, entry.gpu, entry.triton), (32.0, 1e-4, "Fake GPU", "9.9"))
+    label = lambda phase, c: c["config"]["block_m"] if phase == "screen" else (phase, c["config"]["block_n"])
+    errors = {label(phase, c): e["error"] for phase, c, e in reports if "error" in e}
+    self.assertRegex(errors[32], "timed out after 2 s")
+    self.assertRegex(errors[64], r"the worker died \(exit status 3\)")
+    self.assertRegex(errors[128], "CompileError")
+    self.assertRegex(errors[("final", 16)], r"max_rel_err 0.5 > ")
+    screened = [c for phase, c, e in reports if phase == "screen" and "us" in e]
+    self.assertEqual(screened[0]["config"], config_table.heuristic_config(self.key, None).__dict__)  # always tried
+    self.assertEqual(screened[-1], {"backend": "xla"})
+
+  def test_xla_wins_where_faster(self):
+    entry, _ = self.run_tuner(xla_us=5)
+    self.assertEqual((entry.backend, entry.config, entry.us), ("xla", None, 5.0))
+
+
+class CandidatesTest(absltest.TestCase):
+
+  def test_spaces_fit_the_shared_memory_and_keep_the_ws_kernel_to_gmm(self):
+    for op in ("gmm", "gmm_t", "tgmm", "masked"):
+      for rows in (8, 1024):
+        activation = "swiglu" if op == "gmm" else None  # swiglu tiles read twice the rhs columns
+        k = config_table.make_key(op, "bfloat16", "bfloat16", rows, 4096, 4096, 8, activation=activation)
+        for space in ("small", "full"):
+          configs = tune.candidate_space(k, space)
+          self.assertNotEmpty(configs)
+          self.assertEqual(any(c.warp_specialized for c in configs), op in ("gmm", "gmm_t") and rows == 1024
+                           and space == "small", (op, rows, space))
+          cands = tune.candidates(k, configs, "sm90", ["triton", "xla"])
+          self.assertEqual(cands[0]["config"], config_table.heuristic_config(k, "sm90").__dict__)
+          self.assertEqual(cands[-1], {"backend": "xla"})
+          fitting = [Config(**c["config"]) for c in cands[:-1]]
+          self.assertTrue(all(config_table.fits(k, c, "sm90") for c in fitting))
+          self.assertLen(fitting, len({*fitting}))
+          if op == "tgmm":  # tgmm loads through pointers either way: no TMA variants
+            self.assertFalse(any(c.tma for c in configs))
+    small = config_table.make_key("gmm", "bfloat16", "bfloat16", 8, 4096, 4096, 8)
+    self.assertLess(len(tune.candidates(small, tune.candidate_space(small, "small"), "sm86", ["triton"])),
+                    len(tune.candidates(small, tune.candidate_space(small, "small"), "sm90", ["triton"])))
+
+
+class WorkerTest(absltest.TestCase):
+
+  def test_triton_candidates_run_and_are_checked_under_the_interpreter(self):
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    key = config_table.make_key("gmm", "float32", "float32", 16, 32, 48, 4)
+    config = {"block_m": 16, "block_n": 32, "block_k": 16, "num_warps": 4, "num_stages": 2}
+    events = []
+    tune_worker.run_job({"phase": "final", "key": key._asdict(), "m": 64, "seconds": 0.001,
+                         "candidates": [{"backend": "triton", "config": config}, {"backend": "xla"}]}, events.append)
+    results = {e["i"]: e for e in events if e["event"] == "result"}
+    self.assertEqual(events[0], {"event": "start", "i": -1})
+    self.assertEqual(events[-1], {"event": "done"})
+    self.assertLess(results[0]["max_rel_err"], 1e-5)  # Triton's interpreter against the xla backend
+    self.assertEqual(results[1]["max_rel_err"], 0.0)
+    self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
+
+
+class ResumeTest(absltest.TestCase):
+
+  def test_a_killed_tuner_keeps_finished_keys_and_resumes(self):
+    out_dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, out_dir)
+    output = os.path.join(out_dir, "table.json")
+    shapes = [("--shape", f"gmm,{16 * g},16,24,{g}") for g in (2, 3)]
+    argv = [sys.executable, "-m", "jgmm.tune", *sum(shapes, ()), "--dtype", "float32", "--backends", "xla",
+            "--output", output, "--screen-s", "0.001", "--final-s", "0.001", "--timeout", "60"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    first = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(output) and first.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the tuner and its worker, mid-run
+    first.wait()
+    partial = config_table.read_table(output)
+    self.assertLen(partial, 1)  # the finished key kept; the run was cut short
+    profile = os.path.join(out_dir, "profile.jsonl")
+    done = subprocess.run([*argv, "--profile-file", profile], env=env, capture_output=True, text=True, timeout=120)
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    self.assertIn("1 keys to tune, 1 already tuned", done.stdout)
+    table = config_table.read_table(output)
+    self.assertLen(table, 2)
+    for key, entry in partial.items():
+      self.assertEqual(table[key], entry)  # not retuned
+    self.assertTrue(all(e.backend == "xla" and e.us > 0 and e.max_rel_err == 0 for e in table.values()))
+    with open(profile) as f:
+      records = [json.loads(line) for line in f]
+    (rest,) = set(table) - set(partial)
+    self.assertEqual([(r["key"], r["phase"], r["candidate"]) for r in records],
+                     [(str(rest), "screen", {"backend": "xla"}), (str(rest), "final", {"backend": "xla"})])
+    self.assertEqual(records[-1]["us"], table[rest].us)
+    self.assertEqual(sorted(os.listdir(out_dir)), ["profile.jsonl", "table.json"])  # no temporary file left
+
+
+if __name__ == "__main__":
+  absltest.main()
