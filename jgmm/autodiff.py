@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import ad
 
-from jgmm import activations, primitives
+from jgmm import activations, partitioning, primitives
 
 _F32 = jnp.float32
 
@@ -250,6 +250,15 @@ def _masked_tgmm_transpose(cts, lhs, rhs, masked_m, *, present, backend, out_dty
   return [ct_lhs, ct_rhs, None]
 
 
+def _typed_as_primals(transpose):
+  """The transpose rule with each cotangent resharded as its primal: under explicit sharding the primitive that
+  computes it types its result by its own operands (jgmm/partitioning.py), e.g. d rhs of a group-sharded rhs."""
+  def rule(cts, *primals, **params):
+    return [c if c is None or not ad.is_undefined_primal(p) else partitioning.reshard_as(c, p.aval)
+            for c, p in zip(transpose(cts, *primals, **params), primals)]
+  return rule
+
+
 for _bind, _jvp, _transpose in ((primitives.gmm, _gmm_jvp, _gmm_transpose),
                                 (primitives.tgmm, _tgmm_jvp, _tgmm_transpose),
                                 (primitives.masked_gmm, _masked_gmm_jvp, _masked_gmm_transpose),
@@ -258,4 +267,4 @@ for _bind, _jvp, _transpose in ((primitives.gmm, _gmm_jvp, _gmm_transpose),
                                 (primitives.masked_tgmm, _bilinear_jvp(primitives.masked_tgmm, config=None),
                                  _masked_tgmm_transpose)):
   ad.primitive_jvps[_bind.primitive] = _jvp
-  ad.primitive_transposes[_bind.primitive] = _transpose
+  ad.primitive_transposes[_bind.primitive] = _typed_as_primals(_transpose)

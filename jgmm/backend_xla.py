@@ -36,7 +36,7 @@ def _work_items(bounds, m, tile_m):
   offsets = jnp.cumsum(counts)
   num_items = -(-m // tile_m) + num_groups - 1
   item = jnp.arange(num_items, dtype=jnp.int32)
-  group = jnp.searchsorted(offsets, item, side="right").astype(jnp.int32)
+  group = jnp.sum(offsets[None, :] <= item[:, None], axis=1, dtype=jnp.int32)
   valid = group < num_groups
   group = jnp.minimum(group, num_groups - 1)
   tile = first_tile[group] + item - (offsets[group] - counts[group])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jgmm import autodiff, fp8, primitives, validation  # noqa: F401 (autodiff registers the derivative rules)
+from jgmm import autodiff, fp8, partitioning, primitives, validation  # noqa: F401 (autodiff registers the rules)
 from jgmm.config import Config
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -33,7 +33,7 @@ def group_bounds(group_sizes, group_offset, num_groups, m):
   Rows of local group g are [bounds[g], bounds[g + 1]); 0 <= bounds[0] <= ... <= bounds[-1] <= m whatever
   group_sizes (G_total,) and group_offset hold.
   """
-  sizes = clip_to_int32(group_sizes, m)
+  sizes = clip_to_int32(partitioning.replicated(group_sizes), m)  # Every shard needs all the sizes.
   # min(a + b, m) without overflow: prefix sums clipped at m.
   ends = lax.associative_scan(lambda a, b: jnp.minimum(a, m - b) + b, sizes)
   edges = jnp.concatenate([jnp.zeros(1, jnp.int32), ends])
@@ -190,7 +190,8 @@ def ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, precision
     specs[2] = jax.ShapeDtypeStruct(rhs.shape[:1], group_sizes.dtype)
   compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
   try:
-    out_dtype = jax.eval_shape(functools.partial(lax.ragged_dot, **lax_kwargs), *specs).dtype
+    with partitioning.without_mesh():  # The dtype and checks only: lax infers no result sharding on Explicit axes.
+      out_dtype = jax.eval_shape(functools.partial(lax.ragged_dot, **lax_kwargs), *specs).dtype
   except (TypeError, ValueError):  # jgmm's checks name the argument, what they saw and what they expected.
     lhs_spec, rhs_spec = (jax.ShapeDtypeStruct(x.shape, compute_dtype) for x in (lhs, rhs))
     validation.check_gmm(lhs_spec, rhs_spec, group_sizes, None, False, preferred_element_type, group_offset, None,

@@ -8,7 +8,8 @@ platform without Triton (the CPU) raises a clear error from jgmm.ffi unless TRIT
 Optional operands (bias, existing_out) are left out of the bind; `present` records which slots are filled.
 Operands are cast to vary over the same shard_map mesh axes before each bind (no-op outside shard_map), so the
 outputs vary over them too. Symbolic (jax.export shape-polymorphic) shapes lower through the portable
-implementation: Triton kernels are compiled for static shapes. Derivative rules: jgmm/autodiff.py.
+implementation: Triton kernels are compiled for static shapes. Derivative rules: jgmm/autodiff.py. Sharding
+(result shardings under explicit sharding, SPMD partitioning of the lowering): jgmm/partitioning.py.
 """
 import functools
 import importlib
@@ -20,7 +21,8 @@ from jax._src import core, dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jgmm import backend_xla
+from jgmm import backend_xla, partitioning
+from jgmm.partitioning import fill
 
 _TRITON_PLATFORMS = ("cuda", "rocm")
 
@@ -45,10 +47,14 @@ def _backend_module(backend, platform, static_shapes):
         "pip install 'jgmm[cuda]'), or pass backend='xla' for the portable implementation", name=e.name) from e
 
 
-def fill(args, present):
-  """The operand list with None in the slots `present` marks empty."""
-  args = iter(args)
-  return [next(args) if is_present else None for is_present in present]
+@functools.cache
+def backend_runner(name, platform):
+  """run(*operands, backend, **params) -> list of results: `<backend>.<name>` as lowered for `platform`."""
+  def run(*args, backend, **params):
+    static_shapes = all(core.is_constant_shape(a.shape) for a in args if a is not None)
+    out = getattr(_backend_module(backend, platform, static_shapes), name)(*args, **params)
+    return list(out) if isinstance(out, tuple) else [out]
+  return run
 
 
 def _vary_alike(*arrays):
@@ -65,24 +71,36 @@ def _define(name, abstract_eval):
   prim = Primitive(f"jgmm_{name}")
   prim.multiple_results = True
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  dispatch.prim_requires_devices_during_lowering.add(prim)  # The lowering may emit a custom_partitioning call.
 
   def shapes(*avals, present, backend, **params):
     del backend
     outs = abstract_eval(*fill(avals, present), **params)
-    if not avals[0].mat.varying:
+    # Sharded over Explicit mesh axes: the results are sharded as jgmm/partitioning.py's rules say.
+    shardings = partitioning.explicit_result_shardings(partitioning.rule_of(name, present, params), avals)
+    mat = avals[0].mat
+    if shardings is None and not mat.varying:
       return outs
-    # Inside shard_map: the operands vary over the same manual mesh axes (ops.py casts them); so do the outputs.
-    return [core.ShapedArray(o.shape, o.dtype, sharding=core.get_cur_mesh_sharding(), manual_axis_type=avals[0].mat)
-            for o in outs]
+    # Inside shard_map: the operands vary over the same manual mesh axes (bind casts them); so do the outputs.
+    shardings = shardings or [core.get_cur_mesh_sharding()] * len(outs)
+    return [core.ShapedArray(o.shape, o.dtype, sharding=s, manual_axis_type=mat) for o, s in zip(outs, shardings)]
 
   prim.def_abstract_eval(shapes)
 
   def lower(platform):
-    def run(*args, present, backend, **params):
+    def run(*args, present, exporting, **params):
+      # Triton off its GPU platforms runs in the interpreter, through host callbacks: not partitioned. Nor is
+      # a call that jax.export serialises (a custom_partitioning call cannot be exported).
       static_shapes = all(core.is_constant_shape(a.shape) for a in args)
-      out = getattr(_backend_module(backend, platform, static_shapes), name)(*fill(args, present), **params)
-      return list(out) if isinstance(out, tuple) else [out]
-    return mlir.lower_fun(run, multiple_results=True)
+      interpreted = (_backend_module(params["backend"], platform, static_shapes) is not backend_xla
+                     and platform not in _TRITON_PLATFORMS)
+      return partitioning.call(name, backend_runner(name, platform), args, present, params,
+                               partition=not (interpreted or exporting))
+
+    def rule(ctx, *args, **params):
+      exporting = ctx.module_context.lowering_parameters.for_export
+      return mlir.lower_fun(functools.partial(run, exporting=exporting), multiple_results=True)(ctx, *args, **params)
+    return rule
 
   for platform in ("cpu", *_TRITON_PLATFORMS):
     mlir.register_lowering(prim, lower(platform), platform=platform)

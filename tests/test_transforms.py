@@ -164,6 +164,18 @@ class XlaTransformsTest(TransformsTestBase):
     for got, want in zip(exported.call(x, w, sizes), jax.grad(loss, argnums=(0, 1))(x, w, sizes)):
       self.assert_close(got, want, tol=1e-5)
 
+  def test_export_of_a_sharded_call(self):
+    """jax.export of a call partitioned over 8 devices (a custom_partitioning call is not exportable: the export
+    lowering leaves the op to the SPMD partitioner)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("d",))
+    rows, replicated = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)) for spec in (("d",), ()))
+    fn = jax.jit(lambda x, w, s: jgmm.gmm(x, w, s, activation="silu"), in_shardings=(rows, replicated, replicated))
+    x, w, sizes = self.normal(64, 8), self.normal(3, 8, 5), self.sizes(64, 3)
+    exported = export.export(fn)(x, w, sizes)
+    self.assertEqual(exported.nr_devices, 8)
+    got = exported.call(jax.device_put(x, rows), w, sizes)
+    self.assert_close(got, oracle.gmm(x, w, np.asarray(sizes), activation_name="silu"), tol=1e-5)
+
   def test_export_needs_a_static_group_count(self):
     (g,) = export.symbolic_shape("g")
     specs = (jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((g, 4, 5), jnp.float32),
