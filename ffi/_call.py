@@ -7,6 +7,7 @@ when TRITON_INTERPRET=1 at lowering time, and raises otherwise.
 
 import dataclasses
 import functools
+import itertools
 import operator
 import os
 from collections.abc import Sequence
@@ -71,14 +72,23 @@ class _Scalar:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Tuple:
+  """A tuple-of-pointers kernel argument (a Triton tuple param); its arrays are the next `size` operands."""
+
+  size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class _Call:
   """Everything about one launch except the array operands; hashable (a primitive parameter).
 
     args: per positional kernel argument, None for an array operand (in operand order), a _Descriptor over the
-      next array operand, or a _Scalar.
+      next array operand, a _Tuple over the next operands, or a _Scalar.
     aliases: (operand index, output index) pairs: the output's buffer is that operand's buffer.
     aliased_outputs_appended: whether the kernel takes a pointer param for aliased outputs too (all outputs
       appended after the args) or only for the others (the aliased operand's param is the output).
+    out_params: per output param after the args, None for a pointer or the size of a tuple of pointers (over
+      that many consecutive outputs); all None without tuple outputs.
     """
 
   kernel: object
@@ -93,6 +103,7 @@ class _Call:
   aliases: tuple
   aliased_outputs_appended: bool
   zeroed_outputs: tuple
+  out_params: tuple
 
   @property
   def alias_of_output(self) -> dict:
@@ -102,6 +113,13 @@ class _Call:
   def appended_outputs(self) -> list:
     """Output indices that get a pointer param after the args, in param order."""
     return [k for k in range(len(self.out_avals)) if self.aliased_outputs_appended or k not in self.alias_of_output]
+
+  def output_params(self, values: list) -> list:
+    """`values` (one per appended output) grouped as the kernel's output params: tuples where out_params says."""
+    values, params = iter(values), []
+    for size in self.out_params:
+      params.append(next(values) if size is None else tuple(next(values) for _ in range(size)))
+    return params
 
 
 triton_call_p = Primitive("jgmm_triton_call")
@@ -188,30 +206,42 @@ def _pointer_attrs(target: _compile.Target, aval) -> str:
 
 
 def _specialize(call: _Call, target: _compile.Target, operand_avals):
-  """Triton signature, constexprs, attrs for `call`, and per runtime kernel param what jaxlib passes: None (a
-    constexpr 1), ('array', buffer, aval), ('descriptor', buffer, aval, _Descriptor) or ('scalar', _Scalar)."""
+  """Triton signature, constexprs, attrs for `call`, and per value jaxlib passes to the kernel: None (a constexpr
+    1), ('array', buffer, aval) (also one per element of a tuple param), ('descriptor', buffer, aval, _Descriptor)
+    or ('scalar', _Scalar)."""
   backend = make_backend(target.triton_target)
   fn = _compile.jit_function(call.kernel)
   constexprs = dict(call.constexprs)
   runtime_params = [p for p in fn.params if not p.is_constexpr]
   operand_iter = iter(range(len(operand_avals)))
-  # Per runtime param: ('array', buffer index, aval), ('descriptor', buffer index, aval, _Descriptor) or
-  # ('scalar', _Scalar).
+  # Per runtime param: ('array', buffer index, aval), ('descriptor', buffer index, aval, _Descriptor),
+  # ('tuple', ((buffer index, aval), ...)) or ('scalar', _Scalar).
   arg_values = []
   for arg in call.args:
     if isinstance(arg, _Scalar):
       arg_values.append(("scalar", arg))
-      continue
-    i = next(operand_iter)
-    arg_values.append(("array", i, operand_avals[i]) if arg is None else ("descriptor", i, operand_avals[i], arg))
+    elif isinstance(arg, _Tuple):
+      arg_values.append(("tuple", tuple((i, operand_avals[i]) for i in itertools.islice(operand_iter, arg.size))))
+    else:
+      i = next(operand_iter)
+      arg_values.append(("array", i, operand_avals[i]) if arg is None else ("descriptor", i, operand_avals[i], arg))
   n_operands = len(operand_avals)
-  for rank, k in enumerate(call.appended_outputs):
-    arg_values.append(("array", n_operands + rank, call.out_avals[k]))
+  outputs = [(n_operands + rank, call.out_avals[k]) for rank, k in enumerate(call.appended_outputs)]
+  for param in call.output_params(outputs):
+    arg_values.append(("tuple", param) if isinstance(param[0], tuple) else ("array", *param))
   signature, attrs, launch = {}, {}, []
   for p in fn.params:
     if p.is_constexpr:
       signature[p.name] = "constexpr"
   for p, (kind, *value) in zip(runtime_params, arg_values):
+    if kind == "tuple":
+      (elements,) = value
+      signature[p.name] = tuple("*" + _dtypes.triton_type(aval.dtype) for _, aval in elements)
+      for j, (buffer, aval) in enumerate(elements):
+        if not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+          attrs[(p.num, j)] = backend.parse_attr(_pointer_attrs(target, aval))
+        launch.append(("array", buffer, aval))
+      continue
     if kind == "array":
       _, aval = value
       signature[p.name] = "*" + _dtypes.triton_type(aval.dtype)
@@ -383,9 +413,11 @@ def _run_on_host(call: _Call, *operands):
       args.append(arg.value)
     elif isinstance(arg, _Descriptor):
       args.append(host_tensor_descriptor(next(operand_iter), arg.block_shape, arg.padding))
+    elif isinstance(arg, _Tuple):
+      args.append(tuple(itertools.islice(operand_iter, arg.size)))
     else:
       args.append(next(operand_iter))
-  args += [outputs[k] for k in call.appended_outputs]
+  args += call.output_params([outputs[k] for k in call.appended_outputs])
   run_interpreted(call.kernel, call.grid, args, dict(call.constexprs))
   return outputs
 
@@ -472,14 +504,17 @@ def triton_call(*args,
 
     Args:
       *args: the kernel's non-constexpr params in order: jax arrays (any shape, row-major, passed as pointers),
-        TensorDescriptors (for tensor-descriptor params: a host TMA descriptor over an array) and python
+        tuples of jax arrays (for a Triton tuple param: a tuple of pointers, indexed in the kernel with constexpr
+        indices), TensorDescriptors (for tensor-descriptor params: a host TMA descriptor over an array) and python
         bool/int/float scalars (static: baked into the compiled kernel's launch; ints equal to 1 and multiples of
         16 specialize the kernel as Triton's launcher does).
       kernel: a @triton.jit function.
       out_shape: a jax.ShapeDtypeStruct (then one array is returned) or a sequence of them (then a list).
         Each output gets a pointer param after all args, in order. An output aliased to an input (see
         input_output_aliases) either also gets one (the kernel then sees that buffer twice) or, if the kernel
-        declares exactly one param fewer per aliased output, is written through the input's param.
+        declares exactly one param fewer per aliased output, is written through the input's param. An element
+        of the sequence may itself be a tuple of ShapeDtypeStructs: one tuple param of pointers, returned as a
+        list of arrays in its place (no aliases then; output indices elsewhere count the arrays one by one).
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
       num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, 24-255, CUDA; None:
         Triton's default). A warp-specialised kernel launches with all its partitions' warps.
@@ -495,7 +530,12 @@ def triton_call(*args,
   fn = _compile.jit_function(kernel)
   name = name or fn.__name__
   single = not isinstance(out_shape, Sequence)
-  out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in ([out_shape] if single else out_shape))
+  out_entries = [out_shape] if single else list(out_shape)
+  entry_sizes = tuple(len(e) if isinstance(e, (tuple, list)) else None for e in out_entries)
+  if any(size == 0 for size in entry_sizes):
+    raise ValueError(f"{name}: a tuple of outputs in out_shape must not be empty")
+  flat_shapes = [s for e in out_entries for s in (e if isinstance(e, (tuple, list)) else [e])]
+  out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in flat_shapes)
   for aval in out_avals:
     _dtypes.triton_type(aval.dtype)
 
@@ -513,9 +553,16 @@ def triton_call(*args,
     else:
       raise TypeError(f"{name}: missing constexpr param {pname!r}")
 
-  operands, call_args = [], []
+  operands, call_args, operand_index = [], [], {}
   for i, arg in enumerate(args):
-    if isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
+    if isinstance(arg, (tuple, list)):
+      if not arg or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in arg):
+        raise TypeError(f"{name}: argument {i} must be a non-empty tuple of jax arrays, got {arg!r}")
+      for x in arg:
+        _dtypes.triton_type(x.dtype)
+      call_args.append(_Tuple(len(arg)))
+      operands += arg
+    elif isinstance(arg, (bool, int, float, np.bool_, np.integer, np.floating)):
       value = arg.item() if isinstance(arg, np.generic) else arg
       call_args.append(_Scalar(_dtypes.scalar_type(value), value))
     elif isinstance(arg, TensorDescriptor):
@@ -524,13 +571,11 @@ def triton_call(*args,
     elif hasattr(arg, "shape") and hasattr(arg, "dtype"):
       _dtypes.triton_type(arg.dtype)
       call_args.append(None)
+      operand_index[i] = len(operands)
       operands.append(arg)
     else:
-      raise TypeError(f"{name}: argument {i} must be a jax array, a TensorDescriptor or a python "
-                      f"bool/int/float, got {type(arg).__name__}")
-  operand_index = {
-      i: sum(not isinstance(a, _Scalar) for a in call_args[:i]) for i, a in enumerate(call_args) if a is None
-  }
+      raise TypeError(f"{name}: argument {i} must be a jax array, a tuple of them, a TensorDescriptor or a "
+                      f"python bool/int/float, got {type(arg).__name__}")
 
   aliases = []
   for arg_i, out_k in (input_output_aliases or {}).items():
@@ -545,18 +590,20 @@ def triton_call(*args,
     aliases.append((operand_index[arg_i], out_k))
   if len({k for _, k in aliases}) != len(aliases):
     raise ValueError(f"{name}: input_output_aliases maps two inputs to one output")
+  if aliases and any(size is not None for size in entry_sizes):
+    raise ValueError(f"{name}: input_output_aliases cannot be combined with a tuple of outputs")
   zeroed = tuple(sorted(set(zeroed_outputs)))
   if any(not 0 <= k < len(out_avals) for k in zeroed):
     raise ValueError(f"{name}: zeroed_outputs {zeroed} must index outputs (0..{len(out_avals) - 1})")
 
   n_runtime = sum(not p.is_constexpr for p in fn.params)
-  if n_runtime == len(args) + len(out_avals):
-    aliased_outputs_appended = True
-  elif aliases and n_runtime == len(args) + len(out_avals) - len(aliases):
-    aliased_outputs_appended = False
+  if n_runtime == len(args) + len(entry_sizes):
+    aliased_outputs_appended, out_params = True, entry_sizes
+  elif aliases and n_runtime == len(args) + len(entry_sizes) - len(aliases):
+    aliased_outputs_appended, out_params = False, entry_sizes[len(aliases):]  # all None: no tuples with aliases
   else:
     raise TypeError(f"{name}: the kernel has {n_runtime} non-constexpr params, but {len(args)} args and "
-                    f"{len(out_avals)} outputs were given")
+                    f"{len(entry_sizes)} outputs (a tuple of them counting as one) were given")
 
   if maxnreg is not None and (type(maxnreg) is not int or not 24 <= maxnreg <= 255):
     raise ValueError(f"{name}: maxnreg must be None or an int in [24, 255] (registers per thread), got {maxnreg!r}")
@@ -572,6 +619,10 @@ def triton_call(*args,
                constexprs=tuple(sorted(full_constexprs.items())),
                aliases=tuple(sorted(aliases)),
                aliased_outputs_appended=aliased_outputs_appended,
-               zeroed_outputs=zeroed)
+               zeroed_outputs=zeroed,
+               out_params=out_params)
   outs = triton_call_p.bind(*operands, call=call)
-  return outs[0] if single else list(outs)
+  if single:
+    return outs[0]
+  outs = iter(outs)
+  return [next(outs) if size is None else [next(outs) for _ in range(size)] for size in entry_sizes]

@@ -88,14 +88,20 @@ def _interpreter_patched():
     _interpreter._patch_lang_tensor = _original_patch_lang_tensor
 
 
+def _host_pointer(array: np.ndarray, kernel_name: str) -> _HostPointer:
+  if not array.flags.c_contiguous or not array.flags.writeable:
+    raise ValueError(f"{kernel_name}: array arguments must be C-contiguous and writeable")
+  return _HostPointer(array)
+
+
 def run_interpreted(kernel, grid: tuple, args: list, constexprs: dict) -> None:
   """Runs a @triton.jit kernel under Triton's interpreter on host numpy arrays, in place.
 
     kernel: a @triton.jit function (decorated with or without TRITON_INTERPRET=1).
     grid: tuple of 1-3 ints, the number of programs per axis.
-    args: numpy arrays (pointer params, C-contiguous, mutated in place), Triton TensorDescriptors from
-      host_tensor_descriptor (tensor-descriptor params) and python int/float/bool scalars, in positional order of
-      the kernel's non-constexpr params.
+    args: numpy arrays (pointer params, C-contiguous, mutated in place), tuples of them (tuple params), Triton
+      TensorDescriptors from host_tensor_descriptor (tensor-descriptor params) and python int/float/bool scalars,
+      in positional order of the kernel's non-constexpr params.
     constexprs: the kernel's tl.constexpr params by name (num_warps/num_stages are not passed).
     """
   function = _interpreted(kernel)
@@ -107,17 +113,20 @@ def run_interpreted(kernel, grid: tuple, args: list, constexprs: dict) -> None:
   pointers = []
   for arg in args:
     if isinstance(arg, np.ndarray):
-      if not arg.flags.c_contiguous or not arg.flags.writeable:
-        raise ValueError(f"{function.__name__}: array arguments must be C-contiguous and writeable")
-      pointers.append(_HostPointer(arg))
+      pointers.append(_host_pointer(arg, function.__name__))
+    elif isinstance(arg, tuple) and all(isinstance(x, np.ndarray) for x in arg):
+      pointers.append(tuple(_host_pointer(x, function.__name__) for x in arg))
     elif isinstance(arg, TensorDescriptor):
       pointers.append(arg)
     elif isinstance(arg, (bool, int, float, np.integer, np.floating, np.bool_)):
       pointers.append(arg.item() if isinstance(arg, np.generic) else arg)
     else:
       raise TypeError(f"{function.__name__}: unsupported argument of type {type(arg).__name__}")
-  executor = _InPlaceGridExecutor(function.rewrite(), function.arg_names, grid, function.pre_run_hooks)
+  # Under the lock too: rewriting parses the kernel's source, and concurrent ast.parse calls from the device threads
+  # of a multi-device CPU computation failed ("AST constructor recursion depth mismatch"), leaving the other devices
+  # waiting in their next collective until XLA aborted the process.
   with _LOCK, _interpreter_patched():
+    executor = _InPlaceGridExecutor(function.rewrite(), function.arg_names, grid, function.pre_run_hooks)
     executor(*pointers, **constexprs)
   # Keep the arrays alive until the kernel is done with their addresses.
   del pointers

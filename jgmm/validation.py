@@ -234,6 +234,29 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precisi
           _backend(backend))
 
 
+def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_type, precision, config, backend):
+  """Validates grouped_matmul's arguments; returns (out_dtype, precision, config, backend)."""
+  for name, arrays in (("lhs_list", lhs_list), ("rhs_list", rhs_list)):
+    if not isinstance(arrays, (list, tuple)):
+      raise TypeError(f"{name} must be a list of 2-D arrays, got {type(arrays).__name__}")
+  if not lhs_list:
+    raise ValueError("lhs_list must hold at least one problem, got an empty list")
+  if len(rhs_list) != len(lhs_list):
+    raise ValueError(f"rhs_list must hold one array per lhs array ({len(lhs_list)}), got {len(rhs_list)}")
+  rhs_layout = "(N_i, K_i)" if _flag("transpose_rhs", transpose_rhs) else "(K_i, N_i)"
+  for i, (lhs, rhs) in enumerate(zip(lhs_list, rhs_list)):
+    _float_array(f"lhs_list[{i}]", lhs, 2, "(M_i, K_i)")
+    _float_array(f"rhs_list[{i}]", rhs, 2, rhs_layout)
+    for name, x in ((f"lhs_list[{i}]", lhs), (f"rhs_list[{i}]", rhs)):
+      _same_dtype(name, x, "lhs_list[0]", lhs_list[0])
+    rhs_k = rhs.shape[1] if transpose_rhs else rhs.shape[0]
+    if rhs_k != lhs.shape[1]:
+      raise ValueError(f"rhs_list[{i}] must have K_i = {lhs.shape[1]} (lhs_list[{i}] is {tuple(lhs.shape)}) in its "
+                       f"layout {rhs_layout}, got shape {tuple(rhs.shape)}")
+  return (_out_dtype(preferred_element_type, lhs_list[0].dtype), _precision(precision), config_lib.as_config(config),
+          _backend(backend))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # jgmm.moe: routing, permutation and the MoE layers.
 

@@ -112,6 +112,18 @@ def _descriptor_tile_copy_kernel(x_desc, out_cols, out_ptr, BM: tl.constexpr, BN
 
 
 @triton.jit
+def _tuple_scale_kernel(xs, n, outs, P: tl.constexpr, BLOCK: tl.constexpr):
+  """outs[p][:n] = (p + 1) * xs[p][:n] for program p: tuple params indexed by a runtime p through selects."""
+  p = tl.program_id(0)
+  x, out = xs[0], outs[0]
+  for i in tl.static_range(1, P):
+    x = tl.where(p == i, xs[i], x)
+    out = tl.where(p == i, outs[i], out)
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out + offsets, tl.load(x + offsets, mask=offsets < n) * (p + 1), mask=offsets < n)
+
+
+@triton.jit
 def _broken_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.arange(0, BLOCK * 2))  # shape mismatch
@@ -153,6 +165,20 @@ def zeroed_scale_prefix(y, written, block):
                          out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
                          input_output_aliases={0: 0},
                          zeroed_outputs=(0,))
+
+
+def tuple_scale(xs, block=64):
+  """[(p + 1) * xs[p]] for 1-D xs of one size: the arrays and the outputs as tuple params."""
+  n = xs[0].size
+  out, = ffi.triton_call(tuple(xs), n, kernel=_tuple_scale_kernel, grid=(len(xs),),
+                         out_shape=[tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs)], P=len(xs), BLOCK=block)
+  return out
+
+
+def _check_tuple_scale(xs, outs):
+  assert len(outs) == len(xs)
+  for p, (x, out) in enumerate(zip(xs, outs)):
+    np.testing.assert_allclose(np.asarray(out), (p + 1) * np.asarray(x, np.float64), rtol=1e-6)
 
 
 def _launch_matmul(kernel, a, b, a_arg, b_arg, bm, bn, bk):
@@ -307,6 +333,20 @@ class InterpreterTest(parameterized.TestCase):
 
   def _cpu(self, *arrays):
     return [jax.device_put(a, _CPU) for a in arrays]
+
+  @parameterized.parameters(1, 3)
+  def test_tuple_params(self, count):
+    xs = [_random(self.rng, 50) for _ in range(count)]
+    _check_tuple_scale(xs, jax.jit(lambda *a: tuple_scale(a))(*self._cpu(*xs)))
+
+  def test_tuple_arguments_are_checked(self):
+    x = jnp.zeros(16)
+    with self.assertRaisesRegex(TypeError, "argument 0 must be a non-empty tuple of jax arrays"):
+      ffi.triton_call((), 16, kernel=_tuple_scale_kernel, grid=(1,), out_shape=[(x,)], P=1, BLOCK=16)
+    with self.assertRaisesRegex(ValueError, "a tuple of outputs in out_shape must not be empty"):
+      ffi.triton_call((x,), 16, kernel=_tuple_scale_kernel, grid=(1,), out_shape=[()], P=1, BLOCK=16)
+    with self.assertRaisesRegex(TypeError, "the kernel has 3 non-constexpr params, but 2 args and 2 outputs"):
+      ffi.triton_call((x,), 16, kernel=_tuple_scale_kernel, grid=(1,), out_shape=[(x,), x], P=1, BLOCK=16)
 
   @parameterized.parameters(1, 63, 64, 200)
   def test_vector_add(self, n):
@@ -506,6 +546,20 @@ class CrossLoweringTest(parameterized.TestCase):
     constexprs = [dict(k[2]) for k in _compile._cache if k[0] is _scale_prefix_kernel]
     self.assertIn({"BLOCK": 16, "n_written": 1}, constexprs)  # an int argument equal to 1 is specialized
 
+  def test_tuple_params_are_flattened_and_specialized(self):
+    self._target("cuda:90")
+    x = jax.ShapeDtypeStruct((64,), jnp.float32)
+    before = set(_compile._cache)
+    text = _lower_for("cuda", lambda *a: tuple_scale(a), x, x, x)
+    self.assertLen(_custom_call_protos(text), 1)
+    (key,) = set(_compile._cache) - before
+    self.assertEqual(dict(key[1])["xs"], ("*fp32",) * 3)
+    ptx = _compile._cache[key].asm["ptx"]
+    entry = re.search(r"\.entry \w+\((.*?)\)", ptx, re.S).group(1)
+    # xs, n, outs: one pointer param per array (Triton's scratch pointers follow)
+    self.assertEqual(re.findall(r"\.param \.(\w+)", entry)[:7], ["u64"] * 3 + ["u32"] + ["u64"] * 3)
+    self.assertEqual(_compile._cache[key].asm["ttir"].count("tt.divisibility = 16"), 7)  # 6 pointers and n
+
   def test_aliases_become_xla_output_operand_aliases(self):
     self._target("cuda:90")
     x = jax.ShapeDtypeStruct((90,), jnp.float32)
@@ -703,6 +757,10 @@ class GpuTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.rng = np.random.default_rng(self.id().__hash__() % 2**32)
+
+  def test_tuple_params(self):
+    xs = [_random(self.rng, 50) for _ in range(5)]
+    _check_tuple_scale(xs, jax.jit(lambda *a: tuple_scale(a))(*xs))
 
   @parameterized.parameters(1, 1000, 4099)
   def test_vector_add(self, n):

@@ -4,8 +4,9 @@ import triton.language as tl
 
 
 @triton.jit
-def tile_coords(local, m_tiles, N_TILES: tl.constexpr, GROUP_M: tl.constexpr):
-  """(row tile, column tile) of tile `local` in an (m_tiles x N_TILES) grid, L2-friendly order.
+def tile_coords(local, m_tiles, N_TILES, GROUP_M: tl.constexpr):
+  """(row tile, column tile) of tile `local` in an (m_tiles x N_TILES) grid, L2-friendly order (N_TILES a
+  constexpr or, for grouped_matmul's problems of different widths, a runtime value).
 
   Bands of GROUP_M row tiles: inside a band the row tile varies fastest, so programs running at the same
   time share each rhs column panel and the band's lhs rows.

@@ -1,0 +1,268 @@
+"""Heterogeneous grouped GEMM: independent products of different (M, N, K), in one kernel launch on GPUs.
+
+    outs = jgmm.grouped_matmul([a0, a1, ...], [b0, b1, ...])     # outs[i] = a_i @ b_i
+
+gmm covers groups that share K and N and sit in one buffer; this is the general case (batched requests of
+different lengths, LoRA adapters of different ranks, heads of several tasks), after Triton's grouped-GEMM
+tutorial.
+
+Design. One JAX primitive, grouped_matmul_p, over the operands lhs_0..lhs_{P-1}, rhs_0..rhs_{P-1}, with
+params transpose_lhs (lhs_i stored (K_i, M_i); only the backward uses it), transpose_rhs, out_dtype, precision,
+config and backend. It is bilinear, so it has a JVP rule (f(dA, B) + f(A, dB)) and a transpose rule whose
+cotangents are again grouped matmuls of all problems at once (dA_i = dC_i B_i^T, dB_i = A_i^T dC_i, each a
+single launch, through transpose_lhs/transpose_rhs instead of transposed copies); jit, grad, jax.jvp and
+vmap (a batch of lhs only folds into M: one launch; otherwise a lax.map over the batch) follow.
+
+Lowering: "xla" (the CPU, or backend="xla"): one dense dot per problem. "triton" (CUDA/ROCm, or the CPU
+under TRITON_INTERPRET=1): one persistent kernel (triton_kernels/grouped_matmul.py) over the tiles of all
+problems, each operand and output its own buffer: jgmm.ffi passes the lists as Triton tuple params (one
+pointer param each), and a static int32 table (built at trace time: shapes are static) maps tiles to
+problems. Empty problems (M, N or K = 0) never reach the kernel: they are zeros. A launch takes at most
+MAX_PROBLEMS_PER_LAUNCH problems (three 8-byte pointer params each, within CUDA's 4 KiB of kernel
+params); more problems take more launches.
+
+FP8 with scales (not built): add the float8 dtypes to validation.check_grouped_matmul, per-problem scale operands
+to the primitive (passed to the kernel as one more tuple param) and the epilogue multiply the kernel's docstring
+describes; the schedule, the table and the autodiff structure stay as they are.
+"""
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jgmm import validation
+from jgmm.config import Config
+
+MAX_PROBLEMS_PER_LAUNCH = 128
+_TRITON_PLATFORMS = ("cuda", "rocm")
+
+
+def grouped_matmul(lhs_list: Sequence[jax.Array], rhs_list: Sequence[jax.Array], *, transpose_rhs: bool = False,
+                   preferred_element_type: jnp.dtype | None = None, precision: lax.PrecisionLike = None,
+                   config: Config | dict | None = None, backend: str | None = None) -> list[jax.Array]:
+  """Independent matrix products of different sizes: outs[i] = lhs_list[i] @ rhs_list[i].
+
+  Args:
+    lhs_list: P >= 1 arrays, lhs_i (M_i, K_i), float32, bfloat16 or float16 (all one dtype).
+    rhs_list: P arrays, rhs_i (K_i, N_i), or (N_i, K_i) when transpose_rhs (out_i = lhs_i @ rhs_i.T); lhs's dtype.
+    transpose_rhs: the layout of every rhs_i.
+    preferred_element_type: the outputs' dtype (float32, bfloat16, float16), default the inputs' dtype;
+      products accumulate in float32 either way.
+    precision: as jax.lax.dot's; lax.Precision.HIGHEST (or "highest", F32_F32_F32) makes the Triton kernel
+      multiply float32 inputs exactly instead of on TF32 tensor cores (as jax.default_matmul_precision does).
+    config: a jgmm.Config (or a dict of its fields) for the Triton kernel: block_m/block_n/block_k tile every
+      problem, num_warps, num_stages, programs_per_sm (the persistent grid); None picks one from the largest
+      problem's shape. Other fields do not apply.
+    backend: None (Triton on GPUs, XLA elsewhere), "triton" or "xla" (one dense dot per problem).
+
+  Returns:
+    A list of P arrays, out_i (M_i, N_i). Any M_i, N_i, K_i may be 0 (K_i = 0 gives zeros).
+  """
+  out_dtype, precision, config, backend = validation.check_grouped_matmul(
+      lhs_list, rhs_list, transpose_rhs, preferred_element_type, precision, config, backend)
+  return grouped_matmul_p.bind(*lhs_list, *rhs_list, transpose_lhs=False, transpose_rhs=transpose_rhs,
+                               out_dtype=out_dtype, precision=precision, config=config, backend=backend)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The primitive
+
+
+def _split(operands):
+  return operands[:len(operands) // 2], operands[len(operands) // 2:]
+
+
+def _problem_shape(lhs_shape, rhs_shape, transpose_lhs, transpose_rhs):
+  """(M, N, K) of one problem."""
+  m, k = lhs_shape[::-1] if transpose_lhs else lhs_shape
+  n = rhs_shape[0] if transpose_rhs else rhs_shape[1]
+  return m, n, k
+
+
+grouped_matmul_p = Primitive("jgmm_grouped_matmul")
+grouped_matmul_p.multiple_results = True
+grouped_matmul_p.def_impl(lambda *args, **params: dispatch.apply_primitive(grouped_matmul_p, *args, **params))
+
+
+@grouped_matmul_p.def_abstract_eval
+def _abstract_eval(*avals, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
+  del precision, config, backend
+  return [jax.core.ShapedArray(_problem_shape(a.shape, b.shape, transpose_lhs, transpose_rhs)[:2], out_dtype)
+          for a, b in zip(*_split(avals))]
+
+
+def _bind(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
+  return grouped_matmul_p.bind(*lhs, *rhs, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
+                               out_dtype=out_dtype, precision=precision, config=config, backend=backend)
+
+
+def _jvp(primals, tangents, **params):
+  """f is bilinear: df = f(dA, B) + f(A, dB), each term one grouped call (omitted where its tangents are zero)."""
+  lhs, rhs = _split(primals)
+  dlhs, drhs = _split(tangents)
+  outs = grouped_matmul_p.bind(*primals, **params)
+  terms = []
+  if any(type(t) is not ad.Zero for t in dlhs):
+    terms.append(grouped_matmul_p.bind(*map(ad.instantiate_zeros, dlhs), *rhs, **params))
+  if any(type(t) is not ad.Zero for t in drhs):
+    terms.append(grouped_matmul_p.bind(*lhs, *map(ad.instantiate_zeros, drhs), **params))
+  return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
+
+
+def _transpose(cts, *operands, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
+  """Cotangents of the undefined operands (all lhs_i or all rhs_i that are undefined): one grouped call.
+
+    With A_i (M, K), B_i (K, N) the logical operands and dC_i (M, N): dA_i = dC_i B_i^T and dB_i = A_i^T dC_i,
+    written in the layouts the operands are stored in. Cotangents are cast to the operands' dtype.
+    """
+  del out_dtype, config
+  lhs, rhs = _split(operands)
+  wanted_lhs = [i for i, x in enumerate(lhs) if ad.is_undefined_primal(x)]
+  wanted_rhs = [i for i, x in enumerate(rhs) if ad.is_undefined_primal(x)]
+  if wanted_lhs and wanted_rhs:
+    raise NotImplementedError("grouped_matmul is bilinear: transposing it w.r.t. lhs and rhs at once is undefined")
+  wanted = wanted_lhs or wanted_rhs
+  undefined = lhs if wanted_lhs else rhs
+  dtype = undefined[wanted[0]].aval.dtype
+  dc = [ad.instantiate_zeros(cts[i]).astype(dtype) for i in wanted]
+  a, b = [lhs[i] for i in wanted], [rhs[i] for i in wanted]
+  call = dict(out_dtype=dtype, precision=precision, config=None, backend=backend)
+  if wanted_lhs:
+    grads = (_bind(b, dc, transpose_rhs, True, **call) if transpose_lhs else
+             _bind(dc, b, False, not transpose_rhs, **call))
+  else:
+    grads = (_bind(dc, a, True, transpose_lhs, **call) if transpose_rhs else
+             _bind(a, dc, not transpose_lhs, False, **call))
+  result = [None] * len(operands)
+  offset = 0 if wanted_lhs else len(lhs)
+  for i, grad in zip(wanted, grads):
+    result[offset + i] = grad
+  return result
+
+
+ad.primitive_jvps[grouped_matmul_p] = _jvp
+ad.primitive_transposes[grouped_matmul_p] = _transpose
+
+
+def _batch(operands, dims, *, transpose_lhs, transpose_rhs, **params):
+  """vmap: a batch over lhs only (untransposed) folds into M (one call); anything else maps over the batch."""
+  lhs, rhs = _split(operands)
+  lhs_dims, rhs_dims = _split(dims)
+  size = next(x.shape[d] for x, d in zip(operands, dims) if d is not None)
+  if all(d is None for d in rhs_dims) and not transpose_lhs:
+    lhs = [jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(lhs, lhs_dims)]
+    outs = _bind([x.reshape(-1, x.shape[-1]) for x in lhs], rhs, False, transpose_rhs, **params)
+    return [o.reshape(size, -1, o.shape[-1]) for o in outs], [0] * len(outs)
+
+  def one(slices):
+    slices = iter(slices)
+    return grouped_matmul_p.bind(*[x if d is None else next(slices) for x, d in zip(operands, dims)],
+                                 transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs, **params)
+
+  outs = lax.map(one, [jnp.moveaxis(x, d, 0) for x, d in zip(operands, dims) if d is not None])
+  return outs, [0] * len(outs)
+
+
+batching.primitive_batchers[grouped_matmul_p] = _batch
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lowerings
+
+
+def _xla(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config):
+  """One dense dot per problem."""
+  del config
+  contract = (((0 if transpose_lhs else 1,), (1 if transpose_rhs else 0,)), ((), ()))
+  return [lax.dot_general(a, b, contract, precision=precision and lax.Precision.HIGHEST,
+                          preferred_element_type=out_dtype).astype(out_dtype) for a, b in zip(lhs, rhs)]
+
+
+def _default_config(shapes, dtype, out_dtype, transpose_rhs, device):
+  """The config gmm would take for the largest problem's (M, K, N) as one group (JGMM_CONFIG, the tuned table or
+  the heuristic), its tile shrunk to the largest M and N."""
+  from jgmm import config_table
+  from jgmm.triton_kernels import geometry
+  max_m, max_n, max_k = (max(s[d] for s in shapes) for d in range(3))
+  key = config_table.make_key("gmm_t" if transpose_rhs else "gmm", dtype.name, out_dtype.name, max_m, max_k, max_n,
+                              1, transpose=transpose_rhs)
+  choice = config_table.select(key, arch=device.arch, device_kind=device.kind)
+  config = choice.config if choice.backend == "triton" else config_table.heuristic_config(key, device.arch)
+  return dataclasses.replace(config, block_m=min(config.block_m, max(16, geometry.next_pow2(max_m))),
+                             block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))))
+
+
+def _problem_table(shapes, config):
+  """grouped_matmul_kernel's int32 (6, P_POW2) table (slots sorted by decreasing K) and its tile count."""
+  from jgmm.triton_kernels import geometry
+  from jgmm.triton_kernels import grouped_matmul as kernels
+  order = sorted(range(len(shapes)), key=lambda p: -shapes[p][2])
+  table = np.zeros((kernels.TABLE_FIELDS, geometry.next_pow2(len(shapes))), np.int32)
+  table[0] = 2**31 - 1
+  tiles = np.array([geometry.cdiv(shapes[p][0], config.block_m) * geometry.cdiv(shapes[p][1], config.block_n)
+                    for p in order], np.int64)
+  ends = np.cumsum(tiles)
+  for field, values in enumerate((ends, ends - tiles, order, *zip(*[shapes[p] for p in order]))):
+    table[field, :len(shapes)] = values
+  return table, int(ends[-1])
+
+
+def _power_of_2_dividing(values):
+  """The largest power of 2, at most 16, that divides every one of `values`."""
+  common = math.gcd(*values)
+  return min(16, common & -common)
+
+
+def _launch(lhs, rhs, shapes, transpose_lhs, transpose_rhs, out_dtype, precision, config, device):
+  """One grouped_matmul_kernel launch over problems with M, N, K >= 1."""
+  from jgmm import backend_triton, ffi
+  from jgmm.triton_kernels import grouped_matmul as kernels
+  config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, device)
+  table, num_tiles = _problem_table(shapes, config)
+  m_multiple, n_multiple, k_multiple = (_power_of_2_dividing([s[d] for s in shapes]) for d in range(3))
+  widest_block = max(config.block_m, config.block_n, config.block_k)
+  return ffi.triton_call(
+      tuple(lhs), tuple(rhs), jnp.asarray(table), kernel=kernels.grouped_matmul_kernel,
+      out_shape=[tuple(jax.ShapeDtypeStruct((m, n), out_dtype) for m, n, _ in shapes)],
+      grid=(min(num_tiles, config.programs_per_sm * device.num_sms),), num_warps=config.num_warps,
+      num_stages=config.num_stages, name="jgmm_grouped_matmul",
+      P=len(shapes), P_POW2=table.shape[1], NUM_TILES=num_tiles, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+      BLOCK_K=config.block_k, GROUP_M=8, TRANSPOSE_LHS=transpose_lhs, TRANSPOSE_RHS=transpose_rhs,
+      M_MULTIPLE=m_multiple, N_MULTIPLE=n_multiple, K_MULTIPLE=k_multiple,
+      OFFSET_64=widest_block * max(max(shape) for shape in shapes) >= 2**31,
+      DOT_PRECISION=backend_triton._dot_precision(precision))[0]
+
+
+def _triton(lhs, rhs, transpose_lhs, transpose_rhs, out_dtype, precision, config):
+  """Zeros for the empty problems, the others in launches of at most MAX_PROBLEMS_PER_LAUNCH problems."""
+  from jgmm import backend_triton
+  shapes = [_problem_shape(a.shape, b.shape, transpose_lhs, transpose_rhs) for a, b in zip(lhs, rhs)]
+  outs = [jnp.zeros((m, n), out_dtype) for m, n, _ in shapes]
+  live = [p for p, shape in enumerate(shapes) if min(shape) > 0]
+  device = backend_triton._device() if live else None
+  for start in range(0, len(live), MAX_PROBLEMS_PER_LAUNCH):
+    chunk = live[start:start + MAX_PROBLEMS_PER_LAUNCH]
+    results = _launch([lhs[p] for p in chunk], [rhs[p] for p in chunk], [shapes[p] for p in chunk], transpose_lhs,
+                      transpose_rhs, out_dtype, precision, config, device)
+    for p, out in zip(chunk, results):
+      outs[p] = out
+  return outs
+
+
+def _lowering(platform):
+  def run(*operands, transpose_lhs, transpose_rhs, out_dtype, precision, config, backend):
+    use_triton = backend == "triton" or (backend is None and platform in _TRITON_PLATFORMS)
+    return (_triton if use_triton else _xla)(*_split(operands), transpose_lhs, transpose_rhs, out_dtype, precision,
+                                             config)
+  return mlir.lower_fun(run, multiple_results=True)
+
+
+for _platform in ("cpu", *_TRITON_PLATFORMS):
+  mlir.register_lowering(grouped_matmul_p, _lowering(_platform), platform=_platform)
+mlir.register_lowering(grouped_matmul_p, _lowering(None))
