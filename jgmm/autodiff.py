@@ -6,7 +6,8 @@ therefore writes the tangent as primitive calls that each take one tangent opera
 their call), and the transpose rules turn those calls into the backward kernels:
   gmm:        d lhs = gmm(dout, rhs read the other way)      d rhs, d bias = tgmm(lhs, dout) (+ fused column sums)
   tgmm:       d lhs = gmm(rhs, dout read transposed)         d rhs = gmm(lhs, dout) (+ d dbias per row of a group)
-  masked_gmm: d x = masked_gmm(dout, w read as (G, K, N))    d w = dout[valid]^T x[valid] per group
+  masked_gmm: d x = masked_gmm_kn(dout, w) (w read in place)  d w = masked_tgmm(dout, x) (valid rows per group)
+  masked_gmm_kn and masked_tgmm (masked_gmm's backward products) transpose into the same three primitives.
 Every such call is again a primitive with these rules: grad of grad, jvp of grad and Hessian-vector products
 work. gmm's fused activation is differentiated through its saved pre-activation h: the activation's
 derivative is rematerialised from h (jax.checkpoint), so reverse mode keeps h alone, as a custom_vjp would.
@@ -190,17 +191,63 @@ def _masked_gmm_transpose(cts, x, w, masked_m, *, present, backend, out_dtype, e
   (ct,) = cts
   if type(ct) is ad.Zero:
     return [None, None, None]
-  ct_x = ct_w = None
+  static = dict(precision=precision, config=None, backend=backend)
   x_dtype, w_dtype = _aval(x).dtype, _aval(w).dtype
-  if ad.is_undefined_primal(x):  # d x[g] = dout[g] @ w[g]: w (G, N, K) read as the (G, K, N) layout.
-    (ct_x,) = primitives.masked_gmm(ct.astype(w_dtype), jnp.swapaxes(w, 1, 2), masked_m, out_dtype=x_dtype,
-                                    expected_m=expected_m, precision=precision, config=None, backend=backend)
+  ct_x = ct_w = None
+  if ad.is_undefined_primal(x):  # d x[g] = dout[g] @ w[g]: w (G, N, K) read in place as (G, K', N').
+    (ct_x,) = primitives.masked_gmm_kn(ct.astype(w_dtype), w, masked_m, out_dtype=x_dtype, expected_m=expected_m,
+                                       **static)
   if ad.is_undefined_primal(w):  # d w[g] = dout[g, valid]^T @ x[g, valid]
-    valid = (jnp.arange(ct.shape[1])[None, :] < masked_m[:, None])[..., None]
-    lax_precision = jax.lax.Precision.HIGHEST if precision == "highest" else None
-    ct_w = jnp.einsum("gmn,gmk->gnk", jnp.where(valid, ct.astype(x_dtype), 0), jnp.where(valid, x, 0),
-                      precision=lax_precision, preferred_element_type=_F32).astype(w_dtype)
+    (ct_w,) = primitives.masked_tgmm(ct.astype(x_dtype), x, masked_m, out_dtype=w_dtype, **static)
   return [ct_x, ct_w, None]
+
+
+# masked_gmm_kn: out[g, :m] = x[g, :m] @ w[g] (w (G, K, N)); masked_tgmm: out[g] = lhs[g, :m]^T @ rhs[g, :m].
+
+def _bilinear_jvp(bind, **defaults):
+  """The JVP of a primitive linear in each of its two float operands (the third is masked_m)."""
+  def jvp(primals, tangents, *, present, backend, **params):
+    del present
+    a, b, masked_m = primals
+    t_a, t_b, _ = tangents
+    outs = bind(a, b, masked_m, backend=backend, **params)
+    params = {**params, **defaults}
+    terms = [bind(t, other, masked_m, backend=backend, **params)[0] if first else
+             bind(other, t, masked_m, backend=backend, **params)[0]
+             for first, t, other in ((True, t_a, b), (False, t_b, a)) if not _is_zero(t)]
+    return outs, [sum(terms[1:], terms[0]) if terms else _zero_tangent(outs[0])]
+  return jvp
+
+
+def _masked_gmm_kn_transpose(cts, x, w, masked_m, *, present, backend, out_dtype, expected_m, precision, config):
+  del present, out_dtype, config
+  (ct,) = cts
+  if type(ct) is ad.Zero:
+    return [None, None, None]
+  static = dict(precision=precision, config=None, backend=backend)
+  x_dtype, w_dtype = _aval(x).dtype, _aval(w).dtype
+  ct_x = ct_w = None
+  if ad.is_undefined_primal(x):  # d x[g] = dout[g] @ w[g]^T: masked_gmm with w (G, K, N) as its (G, N', K').
+    (ct_x,) = primitives.masked_gmm(ct.astype(w_dtype), w, masked_m, out_dtype=x_dtype, expected_m=expected_m,
+                                    **static)
+  if ad.is_undefined_primal(w):  # d w[g] = x[g, valid]^T @ dout[g, valid]
+    (ct_w,) = primitives.masked_tgmm(x, ct.astype(x_dtype), masked_m, out_dtype=w_dtype, **static)
+  return [ct_x, ct_w, None]
+
+
+def _masked_tgmm_transpose(cts, lhs, rhs, masked_m, *, present, backend, out_dtype, precision, config):
+  del present, out_dtype, config
+  (ct,) = cts
+  if type(ct) is ad.Zero:
+    return [None, None, None]
+  static = dict(expected_m=None, precision=precision, config=None, backend=backend)
+  lhs_dtype, rhs_dtype = _aval(lhs).dtype, _aval(rhs).dtype
+  ct_lhs = ct_rhs = None
+  if ad.is_undefined_primal(lhs):  # d lhs[g, valid] = rhs[g, valid] @ dout[g]^T (dout (G, K, N) as w (G, N', K'))
+    (ct_lhs,) = primitives.masked_gmm(rhs, ct.astype(rhs_dtype), masked_m, out_dtype=lhs_dtype, **static)
+  if ad.is_undefined_primal(rhs):  # d rhs[g, valid] = lhs[g, valid] @ dout[g]
+    (ct_rhs,) = primitives.masked_gmm_kn(lhs, ct.astype(lhs_dtype), masked_m, out_dtype=rhs_dtype, **static)
+  return [ct_lhs, ct_rhs, None]
 
 
 def _typed_as_primals(transpose):
@@ -214,6 +261,10 @@ def _typed_as_primals(transpose):
 
 for _bind, _jvp, _transpose in ((primitives.gmm, _gmm_jvp, _gmm_transpose),
                                 (primitives.tgmm, _tgmm_jvp, _tgmm_transpose),
-                                (primitives.masked_gmm, _masked_gmm_jvp, _masked_gmm_transpose)):
+                                (primitives.masked_gmm, _masked_gmm_jvp, _masked_gmm_transpose),
+                                (primitives.masked_gmm_kn, _bilinear_jvp(primitives.masked_gmm_kn, config=None),
+                                 _masked_gmm_kn_transpose),
+                                (primitives.masked_tgmm, _bilinear_jvp(primitives.masked_tgmm, config=None),
+                                 _masked_tgmm_transpose)):
   ad.primitive_jvps[_bind.primitive] = _jvp
   ad.primitive_transposes[_bind.primitive] = _typed_as_primals(_transpose)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jgmm import backend_xla, config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
+from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
@@ -227,6 +228,37 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
+def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precision):
+  """masked_gmm_kernel: out[g] = x[g] @ (w[g].T if transpose_w (w (G, N, K)) else w[g] (w (G, K, N)))."""
+  num_groups, max_m, k = x.shape
+  n = w.shape[1] if transpose_w else w.shape[2]
+  out_dtype = jnp.dtype(out_dtype)
+  if max_m == 0:
+    return jnp.zeros((num_groups, 0, n), out_dtype)
+  device = _device()
+  choice = config_table.select(config_table.make_key(
+      "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups, transpose=not transpose_w),
+      arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return (backend_xla.masked_gmm if transpose_w else backend_xla.masked_gmm_kn)(
+        x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None, precision=precision)
+  config = choice.config
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
+      num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
+      config.block_k)
+  w_view, w_block = ((num_groups, 1, n, k), (1, 1, config.block_n, config.block_k)) if transpose_w else (
+      (num_groups, k, 1, n), (1, config.block_k, 1, config.block_n))
+  x_desc, w_desc = _descriptors(use_tma, x.reshape(num_groups * max_m, k), (config.block_m, config.block_k), w,
+                                w_view, w_block)
+  return ffi.triton_call(
+      x, w, x_desc, w_desc, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype),
+      grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
+      K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision), TRANSPOSE_W=transpose_w)
+
+
 def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros on the others.
 
@@ -234,28 +266,152 @@ def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None)
   typical masked_m, or None for max_m) picks the tuned config when config is None. Tiles wholly past
   masked_m[g] only write zeros.
   """
+  return _masked(x, w, masked_m, True, out_dtype, expected_m, config, precision)
+
+
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
+  """out (G, max_m, N) = x[g] @ w[g] on rows < masked_m[g], exact zeros on the others; w (G, K, N).
+
+  masked_gmm's input gradient: dx = masked_gmm_kn(dout, w) reads masked_gmm's w (G, N, K) as this (G, K', N')
+  layout, no transpose materialised."""
+  return _masked(x, w, masked_m, False, out_dtype, expected_m, config, precision)
+
+
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
+  """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; lhs (G, max_m, K), rhs (G, max_m, N),
+  masked_m clipped to [0, max_m]; empty groups are exact zeros. masked_gmm's weight gradient:
+  dw = masked_tgmm(dout, x) (G, N, K). The tgmm kernel over the (G * max_m)-row views, group g's rows at
+  g * max_m."""
+  num_groups, max_m, k = lhs.shape
+  n = rhs.shape[2]
+  out_dtype = jnp.dtype(out_dtype)
+  m = num_groups * max_m
+  if m == 0:
+    return jnp.zeros((num_groups, k, n), out_dtype)
+  device = _device()
+  choice = config_table.select(config_table.make_key(
+      "tgmm", lhs.dtype.name, out_dtype.name, max_m, k, n, num_groups, transpose=True), arch=device.arch,
+      device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return backend_xla.masked_tgmm(lhs, rhs, masked_m, out_dtype=out_dtype, config=None, precision=precision)
+  config = choice.config
+  (out, _) = ffi.triton_call(
+      lhs.reshape(m, k), rhs.reshape(m, n), masked_m, masked_m, m, kernel=tgmm_kernels.tgmm_kernel,
+      out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)],
+      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
+                              _persistent_programs(config, device)),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_tgmm",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=True,
+      ACCUMULATE=False, BIAS_GRAD=False, DOT_PRECISION=_dot_precision(precision), MASKED=True)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FP8 with scales (jgmm.fp8; kernels in triton_kernels/gmm_fp8.py). Operands are FP8, or float32 holding FP8
+# values under the interpreter (its FP8 dots are not trusted), which runs the same indexing and scaling. A scale
+# of one dimension fewer than its operand is per row / per channel, else per block.
+
+
+def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
+  """The selected config of an FP8 op (None where the table picks the portable backend), with block_k at most 128:
+  a K step must stay inside one scale block. scale: the recipe's name in the table key, e.g. "1x128-128x128"."""
+  choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
+                                                     scale=scale, **flags),
+                               arch=device.arch, device_kind=device.kind, override=config)
+  if choice.backend == "xla":
+    return None
+  return dataclasses.replace(choice.config, block_k=min(choice.config.block_k, fp8_kernels.SCALE_BLOCK.value))
+
+
+def _persistent_grid(tiles, config, device):
+  return (min(tiles, _persistent_programs(config, device) or tiles),)
+
+
+def _fp8_descriptors(lhs_rows, rhs, rhs_nk, config, device, out_dtype):
+  """(use_tma, lhs_desc, rhs_desc) of an FP8 kernel: descriptors over lhs_rows (rows, K) and rhs (G, N, K) if
+  rhs_nk else (G, K, N) where config, device and strides allow TMA, else the arrays (unused by the kernel)."""
+  k, n = lhs_rows.shape[1], rhs.shape[1] if rhs_nk else rhs.shape[2]
+  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
+      lhs_rows.shape[0], k, n, lhs_rows.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
+      config.block_k)
+  rhs_block = (1, config.block_n, config.block_k) if rhs_nk else (1, config.block_k, config.block_n)
+  return (use_tma, *_descriptors(use_tma, lhs_rows, (config.block_m, config.block_k), rhs, rhs.shape, rhs_block))
+
+
+def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
+  """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
+  (G, K, N); rows outside every group are zeros. Scales: backend_xla.gmm_fp8."""
+  m, k = lhs.shape
+  num_groups = rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    return jnp.zeros((0, n), out_dtype)
+  device = _device()
+  scale = f"{'1x128' if lhs_scale.ndim == 2 else 'row'}-{'128x128' if rhs_scale.ndim == 3 else 'channel'}"
+  config = _fp8_config("gmm_t_fp8" if transpose_rhs else "gmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n,
+                       num_groups, scale, config, device, transpose=transpose_rhs)
+  if config is None:
+    return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
+                               out_dtype=out_dtype, config=None)
+  tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
+  use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
+  return ffi.triton_call(
+      lhs, rhs, lhs_desc, rhs_desc, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.gmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_gmm_fp8",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, RHS_NK=transpose_rhs,
+      LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, USE_TMA=use_tma,
+      DOT_PRECISION=_dot_precision(None))
+
+
+def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = (x[g] * x_scale[g]) @ (w[g] * w_scale[g]).T on rows < masked_m[g] (clipped to
+  [0, max_m]), exact zeros elsewhere. expected_m (or max_m) picks the tuned config when config is None."""
   num_groups, max_m, k = x.shape
   n = w.shape[1]
   out_dtype = jnp.dtype(out_dtype)
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  choice = config_table.select(config_table.make_key(
-      "masked", x.dtype.name, out_dtype.name, expected_m or max_m, k, n, num_groups), arch=device.arch,
-      device_kind=device.kind, override=config)
-  if choice.backend == "xla":
-    return backend_xla.masked_gmm(x, w, masked_m, out_dtype=out_dtype, expected_m=expected_m, config=None,
-                                  precision=precision)
-  config = choice.config
-  use_tma = config.tma and device.tma and geometry.gmm_tma_ok(
-      num_groups * max_m, k, n, x.dtype.itemsize, out_dtype.itemsize, config.block_m, config.block_n,
-      config.block_k)
-  x_desc, w_desc = _descriptors(use_tma, x.reshape(num_groups * max_m, k), (config.block_m, config.block_k), w,
-                                (num_groups, 1, n, k), (1, 1, config.block_n, config.block_k))
+  scale = f"{'1x128' if x_scale.ndim == 3 else 'row'}-{'128x128' if w_scale.ndim == 3 else 'channel'}"
+  config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups, scale, config, device)
+  if config is None:
+    return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
+                                      config=None)
+  tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
+  use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(
-      x, w, x_desc, w_desc, masked_m, max_m, kernel=gmm_kernels.masked_gmm_kernel,
-      out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype),
-      grid=geometry.masked_grid(max_m, n, num_groups, config.block_m, config.block_n),
-      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm",
+      x, w, x_desc, w_desc, masked_m, x_scale, w_scale, max_m, kernel=fp8_kernels.masked_gmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, max_m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_gmm_fp8",
       K=k, N=n, G=num_groups, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=geometry.GROUP_M, USE_TMA=use_tma, DOT_PRECISION=_dot_precision(precision))
+      GROUP_M=geometry.GROUP_M, X_BLOCKS=x_scale.ndim == 3, W_BLOCKS=w_scale.ndim == 3, USE_TMA=use_tma,
+      DOT_PRECISION=_dot_precision(None))
+
+
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
+  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)[rows of g], scales per 128 rows
+  of M (backend_xla.tgmm_fp8); empty groups are exact zeros."""
+  m, n = rhs.shape
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  num_groups = bounds.shape[0] - 1
+  out_dtype = jnp.dtype(out_dtype)
+  if m == 0:
+    return jnp.zeros((num_groups, k, n), out_dtype)
+  device = _device()
+  config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups, "128x1", config, device,
+                       transpose=transpose_lhs)
+  if config is None:
+    return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
+                                out_dtype=out_dtype, config=None)
+  tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
+      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
+      DOT_PRECISION=_dot_precision(None))

@@ -13,7 +13,7 @@ Zero carries start from `lax.full_like(lhs, ...)` so that inside shard_map they 
 import jax.numpy as jnp
 from jax import lax
 
-from jgmm import activations
+from jgmm import activations, quantize
 
 _F32 = jnp.float32
 
@@ -129,9 +129,61 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
+def _valid_rows(x, masked_m):
+  """x (G, max_m, C) with rows >= masked_m[g] zeroed."""
+  row = jnp.arange(x.shape[1])
+  return jnp.where(row[None, :, None] < masked_m[:, None, None], x, 0)
+
+
 def masked_gmm(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
   """out (G, max_m, N) = x[g] @ w[g].T on rows < masked_m[g], exact zeros elsewhere."""
   del expected_m, precision, config  # One batched dot: the dense layout leaves nothing to tile.
-  out = _dot(x, w, ((2,), (2,)), batch=((0,), (0,)))
-  row = jnp.arange(x.shape[1])
-  return jnp.where(row[None, :, None] < masked_m[:, None, None], out, 0).astype(out_dtype)
+  return _valid_rows(_dot(x, w, ((2,), (2,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
+
+
+def masked_gmm_kn(x, w, masked_m, *, out_dtype, expected_m, config, precision=None):
+  """out (G, max_m, N) = x[g] @ w[g] (w (G, K, N)) on rows < masked_m[g], exact zeros elsewhere."""
+  del expected_m, precision, config
+  return _valid_rows(_dot(x, w, ((2,), (1,)), batch=((0,), (0,))), masked_m).astype(out_dtype)
+
+
+def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
+  """out (G, K, N)[g] = lhs[g, :masked_m[g]].T @ rhs[g, :masked_m[g]]; empty groups are exact zeros."""
+  del precision, config
+  return _dot(_valid_rows(lhs, masked_m), _valid_rows(rhs, masked_m), ((1,), (1,)), batch=((0,), (0,))).astype(
+      out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FP8 with scales (jgmm.fp8): dequantised to float32 block by block (`quantize.dequantize`), then the products
+# above, so the FLOPs stay those of one grouped product. A scale of one dimension fewer than its operand is per
+# row / per channel, else per block (1x128 for activations, 128x128 for weights, 128x1 for tgmm's operands).
+
+
+def _dequantize(q, scale, blocks):
+  return quantize.dequantize(q, scale, "row" if scale.ndim < q.ndim else blocks)
+
+
+def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
+  """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
+  (G, K, N); scales as jgmm.fp8.gmm documents, rhs_scale indexed (G, N[/128], K/128) in both layouts."""
+  lhs = _dequantize(lhs, lhs_scale, "1x128")
+  rhs_nk = _dequantize(rhs if transpose_rhs else jnp.swapaxes(rhs, 1, 2), rhs_scale, "128x128")
+  return gmm(lhs, rhs_nk, bounds, None, None, transpose_rhs=True, out_dtype=out_dtype, activation=None,
+             save_preactivation=False, config=config)
+
+
+def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
+  """out (G, max_m, N) = (x[g] * x_scale[g]) @ (w[g] * w_scale[g]).T on rows < masked_m[g], zeros elsewhere."""
+  return masked_gmm(_dequantize(x, x_scale, "1x128"), _dequantize(w, w_scale, "128x128"), masked_m,
+                    out_dtype=out_dtype, expected_m=expected_m, config=config)
+
+
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
+  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)[rows of g]: scales per 128 rows
+  of M (lhs_scale (cdiv(M, 128), K) with lhs (M, K), (K, cdiv(M, 128)) with lhs (K, M); rhs_scale
+  (cdiv(M, 128), N))."""
+  lhs = quantize.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128")
+  rhs = quantize.dequantize(rhs, rhs_scale, "128x1")
+  return tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
+              config=config)

@@ -1,7 +1,7 @@
 """Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs, torch._grouped_mm and (where
 importable) OpenAI's triton_kernels.
 
-    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune]      (or: jgmm-bench ...)
+    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune] [--fp8]      (or: jgmm-bench ...)
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (jax.value_and_grad of a scalar loss; torch autograd) side by side in one
@@ -25,6 +25,9 @@ sys.path: from the repository root a plain `import triton_kernels` finds jgmm's 
 to merge into configs/<arch>-<model>.json (jgmm.config_table.table_files names it); the benchmark that follows
 does not read it unless JGMM_CONFIG_FILES names it. Timings and lessons of each kernel version:
 docs/perf-notes.md.
+
+--fp8 runs the FP8 section instead (jgmm.bench_fp8: DeepGEMM's cases, torch's FP8 peers; --cases filters its
+case names; --tune sweeps the FP8 kernels' configs first).
 """
 import argparse
 import json
@@ -295,8 +298,16 @@ def main(argv=None):
                       help="tune the cases' kernels first (jgmm-tune): DIR/tuned.json, a table for JGMM_CONFIG_FILES")
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
+  parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
+  if args.fp8:
+    if jax.devices()[0].platform != "gpu":
+      sys.exit("jgmm.bench needs a GPU")
+    from jgmm import bench_fp8  # Imports jgmm.bench: a cycle resolved at call time.
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
+    bench_fp8.run(args.out, args.cases, args.tune)
+    return
   cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
   if args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
     tune.main(tune_argv(cases, args.tune_ops, args.out))

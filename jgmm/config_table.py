@@ -398,7 +398,14 @@ def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
 def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md). dtype: the inputs' numpy dtype name."""
-  if op == "tgmm":
+  if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
+    if op == "tgmm_fp8":
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=False)
+    elif rows_per_group <= 64:
+      config = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)
+    else:
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False)
+  elif op == "tgmm":
     config = Config(block_m=128, block_n=128 if n <= 128 else 256, block_k=16 if rows_per_group <= 32 else 64,
                     num_warps=8, num_stages=3, tma=False)  # tgmm loads through pointers either way.
   elif rows_per_group <= 16:

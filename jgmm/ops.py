@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jgmm import autodiff, partitioning, primitives, validation  # noqa: F401 (autodiff registers the derivative rules)
+from jgmm import autodiff, fp8, partitioning, primitives, validation  # noqa: F401 (autodiff registers the rules)
 from jgmm.config import Config
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -49,13 +49,15 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, bias: jax.Arr
         transpose_rhs: bool = False, preferred_element_type: jnp.dtype | None = None,
         group_offset: int | jax.Array | None = None, existing_out: jax.Array | None = None,
         activation: str | None = None, precision: lax.PrecisionLike = None, config: Config | dict | None = None,
-        backend: str | None = None) -> jax.Array:
+        backend: str | None = None, lhs_scale: jax.Array | None = None, rhs_scale: jax.Array | None = None
+        ) -> jax.Array:
   """Grouped matrix multiplication: out[rows of g] = act(lhs[rows of g] @ rhs[g] + bias[g]).
 
   Args:
-    lhs: (M, K) float32, bfloat16 or float16; rows grouped contiguously in group order.
-    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype (cast fp32 master weights to it:
-      `rhs.astype(lhs.dtype)`; the gradient flows back through the cast).
+    lhs: (M, K) float32, bfloat16 or float16, or FP8 (float8_e4m3fn / e4m3fnuz) with lhs_scale; rows grouped
+      contiguously in group order.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs (FP8: the faster layout); lhs's dtype (cast fp32 master
+      weights to it: `rhs.astype(lhs.dtype)`; the gradient flows back through the cast).
     group_sizes: (G_total,) integer rows per group. G_total == G, or >= G with group_offset.
     bias: optional (G, N), added to the float32 accumulator before the activation.
     transpose_rhs: rhs is (G, N, K) and read transposed (no copy).
@@ -71,10 +73,18 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, bias: jax.Arr
       jax.default_matmul_precision("float32") at lowering time also asks for exact products.
     config: optional jgmm.Config (or dict of its fields); default from the tuned table.
     backend: None (Triton on GPU, portable elsewhere and for symbolic shapes), "triton" or "xla" (portable).
+    lhs_scale, rhs_scale: float32 scales of FP8 lhs and rhs (jgmm.fp8): lhs_scale (M,) per row or
+      (M, cdiv(K, 128)) per 1x128 block; rhs_scale (G, N) per channel or (G, cdiv(N, 128), cdiv(K, 128)) per
+      128x128 block. FP8 output defaults to bfloat16; no bias, existing_out, activation or precision with FP8.
 
   Returns:
     (M, N_out) with N_out = N (N // 2 for swiglu). Rows outside the computed groups are 0 (or existing_out).
   """
+  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+    return fp8.gmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, bias=bias,
+                   transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type,
+                   group_offset=group_offset, existing_out=existing_out, activation=activation, precision=precision,
+                   config=config, backend=backend)
   m, _, _, _, out_dtype, precision, config, backend = validation.check_gmm(
       lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset, existing_out,
       activation, precision, config, backend)
@@ -88,11 +98,13 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
          preferred_element_type: jnp.dtype | None = None, group_offset: int | jax.Array | None = None,
          num_actual_groups: int | None = None, existing_out: jax.Array | None = None, bias_grad: bool = False,
          precision: lax.PrecisionLike = None, config: Config | dict | None = None,
-         backend: str | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
+         backend: str | None = None, lhs_scale: jax.Array | None = None,
+         rhs_scale: jax.Array | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Transposed grouped matmul (the weight gradient): out[g] = lhs[:, rows of g] @ rhs[rows of g].
 
   Args:
-    lhs: (K, M), or (M, K) when transpose_lhs (read transposed, no copy); float32/bfloat16/float16.
+    lhs: (K, M), or (M, K) when transpose_lhs (read transposed, no copy); float32/bfloat16/float16, or FP8 with
+      lhs_scale.
     rhs: (M, N), lhs's dtype.
     group_sizes: (G_total,) integer rows per group.
     transpose_lhs: lhs is (M, K).
@@ -102,10 +114,18 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
     existing_out: optional (G, K, N) of the output dtype, added to the result.
     bias_grad: also return the float32 (G, N) per-group column sums of rhs.
     precision, config, backend: as for gmm.
+    lhs_scale, rhs_scale: float32 scales of FP8 lhs and rhs (jgmm.fp8), per 128 rows of M of each column:
+      lhs_scale (cdiv(M, 128), K) for lhs (M, K) or (K, cdiv(M, 128)) for lhs (K, M); rhs_scale
+      (cdiv(M, 128), N). FP8 output defaults to bfloat16; no existing_out, bias_grad or precision with FP8.
 
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32).
   """
+  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+    return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
+                    preferred_element_type=preferred_element_type, group_offset=group_offset,
+                    num_actual_groups=num_actual_groups, existing_out=existing_out, bias_grad=bias_grad,
+                    precision=precision, config=config, backend=backend)
   m, _, _, num_groups, out_dtype, precision, config, backend = validation.check_tgmm(
       lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset, num_actual_groups,
       existing_out, bias_grad, precision, config, backend)
@@ -117,20 +137,28 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
 
 def masked_gmm(x: jax.Array, w: jax.Array, masked_m: jax.Array, *, preferred_element_type: jnp.dtype | None = None,
                expected_m: int | None = None, precision: lax.PrecisionLike = None,
-               config: Config | dict | None = None, backend: str | None = None) -> jax.Array:
+               config: Config | dict | None = None, backend: str | None = None, x_scale: jax.Array | None = None,
+               w_scale: jax.Array | None = None) -> jax.Array:
   """Masked grouped matmul (DeepGEMM style): out[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g].T.
 
   Args:
-    x: (G, max_m, K) float32/bfloat16/float16; rows >= masked_m[g] are ignored.
+    x: (G, max_m, K) float32/bfloat16/float16, or FP8 with x_scale; rows >= masked_m[g] are ignored.
     w: (G, N, K), x's dtype.
     masked_m: (G,) integer valid rows per group, clipped to [0, max_m].
     preferred_element_type: output dtype; default x's dtype.
     expected_m: optional int, the typical masked_m, to choose the tuned config.
     precision, config, backend: as for gmm.
+    x_scale, w_scale: float32 scales of FP8 x and w (jgmm.fp8): x_scale (G, max_m) per row or
+      (G, max_m, cdiv(K, 128)) per 1x128 block; w_scale (G, N) per channel or (G, cdiv(N, 128), cdiv(K, 128))
+      per 128x128 block. FP8 output defaults to bfloat16; no precision with FP8.
 
   Returns:
     (G, max_m, N); rows >= masked_m[g] are exact zeros.
   """
+  if fp8.requested((x, w), (x_scale, w_scale)):
+    return fp8.masked_gmm(x, w, masked_m, x_scale=x_scale, w_scale=w_scale,
+                          preferred_element_type=preferred_element_type, expected_m=expected_m, precision=precision,
+                          config=config, backend=backend)
   out_dtype, precision, config, backend = validation.check_masked_gmm(x, w, masked_m, preferred_element_type,
                                                                       expected_m, precision, config, backend)
   masked_m = clip_to_int32(masked_m, x.shape[1])

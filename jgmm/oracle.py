@@ -75,6 +75,21 @@ def masked_gmm(x, w, masked_m):
   return np.where(rows < np.clip(np.asarray(masked_m), 0, x.shape[1])[:, None, None], out, 0.0)
 
 
+def dequantize(q, scale, recipe):
+  """The float64 value of an FP8 operand q with its scales (jgmm.quantize's recipe; a scale of one dimension
+  fewer than q is per row whatever `recipe` says)."""
+  from jgmm import quantize  # jax: only for the FP8 checks
+  recipe = "row" if np.ndim(scale) < np.ndim(q) else recipe
+  return f64(np.asarray(q, np.float32)) * f64(quantize.broadcast_scale(scale, recipe, q.shape))
+
+
+def deepgemm_diff(x, y):
+  """DeepGEMM's calc_diff 1 - 2 sum(x y) / sum(x^2 + y^2): 0 for equal arrays; < 1e-3 is its bar for an FP8
+  product against the bf16 one."""
+  x, y = f64(x), f64(y)
+  return 1.0 - 2.0 * np.sum(x * y) / np.sum(x * x + y * y)
+
+
 def rel_err(actual, expected):
   actual, expected = f64(actual), f64(expected)
   assert not np.isnan(actual).any(), "NaN in the result (unwritten or poisoned elements)"

@@ -69,7 +69,17 @@ def _masked_gmm_rule(present, **_):
   return Rule((("g", "m", "k"), ("g", "n", "k"), ("g",)), (("g", "m", "n"),), ("k",), ())
 
 
-RULES = {"gmm": _gmm_rule, "tgmm": _tgmm_rule, "masked_gmm": _masked_gmm_rule}
+def _groups_only_rule(operands, results):
+  """A rule that shards the group factor g alone (every other factor replicated): the masked gradient products.
+  Primitives without a rule (the FP8 ops: their scales' ranks vary with the recipe) are left to the SPMD
+  partitioner, which gathers their operands."""
+  factors = set(sum(operands + results, ())) - {"g"}
+  return lambda present, **_: Rule(tuple(d for d, p in zip(operands, present) if p), results, tuple(factors), ())
+
+
+RULES = {"gmm": _gmm_rule, "tgmm": _tgmm_rule, "masked_gmm": _masked_gmm_rule,
+         "masked_gmm_kn": _groups_only_rule((("g", "m", "k"), ("g", "k", "n"), ("g",)), (("g", "m", "n"),)),
+         "masked_tgmm": _groups_only_rule((("g", "m", "k"), ("g", "m", "n"), ("g",)), (("g", "k", "n"),))}
 
 
 def _entry_axes(entry):
@@ -105,7 +115,10 @@ def result_specs(rule, operand_specs):
 
 
 def explicit_result_shardings(rule, operand_avals):
-  """NamedShardings of the results when an operand is sharded over Explicit mesh axes, else None."""
+  """NamedShardings of the results when an operand is sharded over Explicit mesh axes, else None (also for a
+  primitive without a rule)."""
+  if rule is None:
+    return None
   meshes = {a.sharding.mesh for a in operand_avals if getattr(a.sharding, "mesh", None) is not None}
   meshes = [m for m in meshes if not m.empty and m.explicit_axes]
   if not meshes:
@@ -208,7 +221,18 @@ def _masked_gmm_local(static, mesh, axes, x, w, masked_m):
   return static.run(x, w, masked_m, **dict(static.params))
 
 
-_LOCAL = {"gmm": _gmm_local, "tgmm": _tgmm_local, "masked_gmm": _masked_gmm_local}
+def _groups_local(static, mesh, axes, *args):
+  del mesh, axes  # Only g is sharded: each shard's groups are a whole problem.
+  return static.run(*args, **dict(static.params))
+
+
+_LOCAL = {"gmm": _gmm_local, "tgmm": _tgmm_local, "masked_gmm": _masked_gmm_local, "masked_gmm_kn": _groups_local,
+          "masked_tgmm": _groups_local}
+
+
+def rule_of(name, present, params):
+  """The primitive's Rule, or None where it has none."""
+  return RULES[name](present, **params) if name in RULES else None
 
 
 def _rule(static):
@@ -261,7 +285,7 @@ def call(name, run, args, present, params, partition=True):
   # Inside shard_map (manual axes) the call is left whole: the partitioner does not call back into manual code.
   partition = partition and not mesh.manual_axes
   with jax.sharding.use_abstract_mesh(mesh):
-    shardings = explicit_result_shardings(RULES[name](present, **params), avals)
+    shardings = explicit_result_shardings(rule_of(name, present, params), avals)
     call = lambda *a: _call_maybe_partitioned(partition, name, run, a, present, params)
     if shardings is None:
       return call(*args)
@@ -271,4 +295,4 @@ def call(name, run, args, present, params, partition=True):
 
 def _call_maybe_partitioned(partition, name, run, args, present, params):
   static = Static(name, present, tuple(sorted(params.items())), run)
-  return (_partitioned if partition else _call)(static, *args)
+  return (_partitioned if partition and name in RULES else _call)(static, *args)

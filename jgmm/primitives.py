@@ -77,7 +77,7 @@ def _define(name, abstract_eval):
     del backend
     outs = abstract_eval(*fill(avals, present), **params)
     # Sharded over Explicit mesh axes: the results are sharded as jgmm/partitioning.py's rules say.
-    shardings = partitioning.explicit_result_shardings(partitioning.RULES[name](present, **params), avals)
+    shardings = partitioning.explicit_result_shardings(partitioning.rule_of(name, present, params), avals)
     mat = avals[0].mat
     if shardings is None and not mat.varying:
       return outs
@@ -154,6 +154,20 @@ def _masked_gmm_shapes(x, w, masked_m, *, out_dtype, expected_m, precision, conf
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
 
 
+def _masked_gmm_kn_shapes(x, w, masked_m, *, out_dtype, expected_m, precision, config):
+  del masked_m, expected_m, precision, config
+  return [jax.core.ShapedArray((*x.shape[:2], w.shape[2]), out_dtype)]
+
+
+def _masked_tgmm_shapes(lhs, rhs, masked_m, *, out_dtype, precision, config):
+  del masked_m, precision, config
+  return [jax.core.ShapedArray((lhs.shape[0], lhs.shape[2], rhs.shape[2]), out_dtype)]
+
+
 gmm = _define("gmm", _gmm_shapes)
 tgmm = _define("tgmm", _tgmm_shapes)
 masked_gmm = _define("masked_gmm", _masked_gmm_shapes)
+# masked_gmm's gradients (w read in place): dx = masked_gmm_kn(dout, w) (w (G, N, K) read as (G, K', N')),
+# dw = masked_tgmm(dout, x) (G, N, K); masked_m clipped to [0, max_m] by the caller.
+masked_gmm_kn = _define("masked_gmm_kn", _masked_gmm_kn_shapes)
+masked_tgmm = _define("masked_tgmm", _masked_tgmm_shapes)

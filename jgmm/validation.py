@@ -10,9 +10,11 @@ from jax._src import core
 from jgmm import config as config_lib
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e4m3fnuz))
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "swiglu")
 BACKENDS = (None, "triton", "xla")
 _FLOAT_NAMES = "float32, bfloat16 or float16"
+_FP8_NAMES = "float8_e4m3fn or float8_e4m3fnuz (FP8 operands go with scales)"
 
 
 def _describe(x):
@@ -27,10 +29,12 @@ def _array(name, x, ndim, layout):
   return x
 
 
-def _float_array(name, x, ndim, layout):
+def _float_array(name, x, ndim, layout, fp8=False):
+  """x must be an ndim-D array of a float dtype jgmm multiplies: FP8 ones if fp8, else FLOAT_DTYPES."""
   _array(name, x, ndim, layout)
-  if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
-    raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_describe(x)}")
+  dtypes, names = (FP8_DTYPES, _FP8_NAMES) if fp8 else (FLOAT_DTYPES, _FLOAT_NAMES)
+  if jnp.dtype(x.dtype) not in dtypes:
+    raise TypeError(f"{name} must have dtype {names}, got {_describe(x)}")
   return x
 
 
@@ -128,11 +132,12 @@ def _nonneg_int(name, value):
 
 
 def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type, group_offset,
-              existing_out, activation, precision, config, backend):
-  """Validates gmm's arguments; returns (m, k, n, out_n, out_dtype, precision, config, backend)."""
-  _float_array("lhs", lhs, 2, "(M, K)")
+              existing_out, activation, precision, config, backend, fp8=False):
+  """Validates gmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, out_n, out_dtype, precision, config,
+  backend)."""
+  _float_array("lhs", lhs, 2, "(M, K)", fp8)
   rhs_layout = "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)"
-  _float_array("rhs", rhs, 3, rhs_layout)
+  _float_array("rhs", rhs, 3, rhs_layout, fp8)
   _same_dtype("rhs", rhs, "lhs", lhs)
   m, k = lhs.shape
   num_groups, rhs_k, n = (rhs.shape[0], rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape
@@ -173,11 +178,12 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
 
 
 def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset,
-               num_actual_groups, existing_out, bias_grad, precision, config, backend):
-  """Validates tgmm's arguments; returns (m, k, n, num_groups, out_dtype, precision, config, backend)."""
+               num_actual_groups, existing_out, bias_grad, precision, config, backend, fp8=False):
+  """Validates tgmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, num_groups, out_dtype, precision,
+  config, backend)."""
   lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
-  _float_array("lhs", lhs, 2, lhs_layout)
-  _float_array("rhs", rhs, 2, "(M, N)")
+  _float_array("lhs", lhs, 2, lhs_layout, fp8)
+  _float_array("rhs", rhs, 2, "(M, N)", fp8)
   _same_dtype("rhs", rhs, "lhs", lhs)
   m, k = lhs.shape if transpose_lhs else lhs.shape[::-1]
   if rhs.shape[0] != m:
@@ -211,10 +217,10 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, gro
           _backend(backend))
 
 
-def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precision, config, backend):
-  """Validates masked_gmm's arguments; returns (out_dtype, precision, config, backend)."""
-  _float_array("x", x, 3, "(G, max_m, K)")
-  _float_array("w", w, 3, "(G, N, K)")
+def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precision, config, backend, fp8=False):
+  """Validates masked_gmm's arguments (FP8 x and w if fp8); returns (out_dtype, precision, config, backend)."""
+  _float_array("x", x, 3, "(G, max_m, K)", fp8)
+  _float_array("w", w, 3, "(G, N, K)", fp8)
   _same_dtype("w", w, "x", x)
   _static_groups("x", x, 0, "(G, max_m, K)")
   num_groups, _, k = x.shape
@@ -372,3 +378,87 @@ def check_moe(x, router_logits, w_gate_up, w_down, activation, expert_shards=1, 
     shards = "" if expert_shards == 1 else f" / {expert_shards} expert shards"
     raise ValueError(f"w_gate_up must hold E{shards} = {experts // expert_shards} experts (router_logits is "
                      f"{tuple(router_logits.shape)}), got shape {tuple(w_gate_up.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FP8 operands with scales (jgmm.fp8)
+
+
+def is_fp8(x):
+  """Whether x is an array of an FP8 dtype (the operands that need scales)."""
+  return hasattr(x, "dtype") and jnp.dtype(x.dtype) in FP8_DTYPES
+
+
+def _cdiv(a, b):
+  return -(-a // b)
+
+
+def _scale(name, scale, operand, options):
+  """scale must be a float32 array of one of options [(layout, shape, recipe)] for the FP8 operand `operand`."""
+  expected = " or ".join(f"{layout} = {shape} ({recipe})" for layout, shape, recipe in options)
+  if scale is None:
+    raise ValueError(f"{name} is required with the FP8 {operand}: float32 of shape {expected}, got None")
+  if not hasattr(scale, "shape") or not hasattr(scale, "dtype"):
+    raise TypeError(f"{name} must be a float32 array of shape {expected}, got {type(scale).__name__}")
+  if scale.dtype != jnp.float32:
+    raise TypeError(f"{name} must have dtype float32, got {_describe(scale)}")
+  if tuple(scale.shape) not in [shape for _, shape, _ in options]:
+    raise ValueError(f"{name} must have shape {expected}, got {_describe(scale)}")
+
+
+def _no_fp8_option(name, value, default=None):
+  if value is not default:
+    raise ValueError(f"{name} is not supported with FP8 operands (scales given), got {value!r}")
+
+
+def _fp8_out_dtype(preferred_element_type):
+  return preferred_element_type if preferred_element_type is not None else jnp.bfloat16
+
+
+def check_gmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_rhs, preferred_element_type,
+                  group_offset, existing_out, activation, precision, config, backend):
+  """Validates FP8 gmm's arguments; returns (out_dtype, config, backend)."""
+  for name, value in (("bias", bias), ("existing_out", existing_out), ("activation", activation),
+                      ("precision", precision)):
+    _no_fp8_option(name, value)
+  m, k, n, _, out_dtype, _, config, backend = check_gmm(
+      lhs, rhs, group_sizes, None, transpose_rhs, _fp8_out_dtype(preferred_element_type), group_offset, None,
+      None, None, config, backend, fp8=True)
+  kb = _cdiv(k, 128)
+  _scale("lhs_scale", lhs_scale, "lhs", [("(M,)", (m,), "per row"), ("(M, cdiv(K, 128))", (m, kb), "1x128 blocks")])
+  g = rhs.shape[0]
+  _scale("rhs_scale", rhs_scale, "rhs", [("(G, N)", (g, n), "per channel"),
+                                         ("(G, cdiv(N, 128), cdiv(K, 128))", (g, _cdiv(n, 128), kb), "128x128 blocks")])
+  return out_dtype, config, backend
+
+
+def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_type, expected_m, precision, config,
+                         backend):
+  """Validates FP8 masked_gmm's arguments; returns (out_dtype, config, backend)."""
+  _no_fp8_option("precision", precision)
+  out_dtype, _, config, backend = check_masked_gmm(x, w, masked_m, _fp8_out_dtype(preferred_element_type),
+                                                   expected_m, None, config, backend, fp8=True)
+  g, max_m, k = x.shape
+  n, kb = w.shape[1], _cdiv(k, 128)
+  _scale("x_scale", x_scale, "x", [("(G, max_m)", (g, max_m), "per row"),
+                                   ("(G, max_m, cdiv(K, 128))", (g, max_m, kb), "1x128 blocks")])
+  _scale("w_scale", w_scale, "w", [("(G, N)", (g, n), "per channel"),
+                                   ("(G, cdiv(N, 128), cdiv(K, 128))", (g, _cdiv(n, 128), kb), "128x128 blocks")])
+  return out_dtype, config, backend
+
+
+def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
+                   num_actual_groups, existing_out, bias_grad, precision, config, backend):
+  """Validates FP8 tgmm's arguments; returns (m, num_groups, out_dtype, config, backend)."""
+  _no_fp8_option("existing_out", existing_out)
+  _no_fp8_option("precision", precision)
+  _no_fp8_option("bias_grad", bias_grad, False)
+  m, k, n, num_groups, out_dtype, _, config, backend = check_tgmm(
+      lhs, rhs, group_sizes, transpose_lhs, _fp8_out_dtype(preferred_element_type), group_offset, num_actual_groups,
+      None, False, None, config, backend, fp8=True)
+  mb = _cdiv(m, 128)
+  lhs_option = ("(cdiv(M, 128), K)", (mb, k), "128x1 blocks") if transpose_lhs else (
+      "(K, cdiv(M, 128))", (k, mb), "1x128 blocks of lhs (K, M)")
+  _scale("lhs_scale", lhs_scale, "lhs", [lhs_option])
+  _scale("rhs_scale", rhs_scale, "rhs", [("(cdiv(M, 128), N)", (mb, n), "128x1 blocks")])
+  return m, num_groups, out_dtype, config, backend

@@ -135,6 +135,47 @@ def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BL
 
 
 @triton.jit
+def group_table(bounds_ptr, G: tl.constexpr, G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr):
+  """gmm's register-resident group table from bounds (G + 1,): per group id (G_POW2 >= G lanes) its first row,
+  rows, tiles (row tiles x N_TILES) and tiles of groups 0..g inclusive; and the number of group tiles."""
+  group = tl.arange(0, G_POW2)
+  in_table = group < G
+  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
+  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
+  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
+  tiles_end = tl.cumsum(group_tiles, axis=0)
+  return group, starts, rows, group_tiles, tiles_end, tl.sum(group_tiles, axis=0)
+
+
+@triton.jit
+def group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr,
+               GROUP_M: tl.constexpr):
+  """(g, first row of g, rows of g, row tile, column tile) of group tile `tile`, found in the group table with a
+  few vector reductions."""
+  g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
+  this_group = group == g
+  row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
+  m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
+  first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
+  mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+  return g, row_start, m_g, mi, ni
+
+
+@triton.jit
+def zero_tile_rows(z, first_row, last_row, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr):
+  """(first row (int64), end row, first column) of zero tile z: the tiles of rows [0, first_row), then of rows
+  [last_row, M) (rows outside every group), N_TILES per row tile."""
+  head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
+  if z < head_tiles:
+    row0 = (z // N_TILES) * BLOCK_M
+    row_end = first_row
+  else:
+    row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
+    row_end = M
+  return row0.to(tl.int64), row_end, (z % N_TILES) * BLOCK_N
+
+
+@triton.jit
 def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -157,13 +198,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   HALVES: tl.constexpr = N // N_OUT
-  group = tl.arange(0, G_POW2)
-  in_table = group < G
-  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
-  rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
-  group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
-  tiles_end = tl.cumsum(group_tiles, axis=0)  # Tiles of groups 0..g (inclusive).
-  num_tiles = tl.sum(group_tiles, axis=0)
+  group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
 
   if TMA_STORE:
     out_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 2)
@@ -173,12 +208,8 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   num_programs = tl.num_programs(0)
   pid = tl.program_id(0)
   for tile in tl.range(pid, num_tiles, num_programs, flatten=True):
-    g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
-    this_group = group == g
-    row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
-    m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
-    first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
-    mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
+    g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
+                                           GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
@@ -191,31 +222,25 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
     # This program's first tile number past the group tiles, then every P-th.
     first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
     for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
-      z = tile - num_tiles
-      if z < head_tiles:
-        row0 = (z // N_TILES) * BLOCK_M
-        row_end = first_row
-      else:
-        row0 = last_row + ((z - head_tiles) // N_TILES) * BLOCK_M
-        row_end = M
-      n0 = (z % N_TILES) * BLOCK_N
+      row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
       if not ACCUMULATE:
-        _zero_tile(out_ptr, row0.to(tl.int64), row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
+        _zero_tile(out_ptr, row0, row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
       if SAVE_PRE:
         for half in tl.static_range(HALVES):
-          _zero_tile(h_ptr, row0.to(tl.int64), row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+          _zero_tile(h_ptr, row0, row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
 
 
 @triton.jit
 def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr,
                       K: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-  """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below.
+                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, TRANSPOSE_W: tl.constexpr = True):
+  """out[g] (MAX_M, N) = x[g] (MAX_M, K) @ w[g].T (w (G, N, K)) on rows < masked_m[g], zeros below; with
+  TRANSPOSE_W False, w is (G, K, N) and out[g] = x[g] @ w[g] (the masked product's input gradient).
 
   Grid (cdiv(MAX_M, BLOCK_M) * cdiv(N, BLOCK_N), G); masked_m is clipped to [0, MAX_M] by the caller.
   With USE_TMA, x_desc is a descriptor over x viewed as (G * MAX_M, K) and w_desc over w viewed as
-  (G, 1, N, K) (gmm_kernel's transposed rhs view); otherwise both are unused.
+  (G, 1, N, K) ((G, K, 1, N) if not TRANSPOSE_W: gmm_kernel's rhs views); otherwise both are unused.
   Tiles wholly past masked_m[g] load nothing and only write zeros.
   """
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -228,4 +253,4 @@ def masked_gmm_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, MAX_M, out_ptr
   else:
     gmm_tile(x_ptr, w_ptr, x_ptr, x_ptr, out_ptr, out_ptr, x_desc, w_desc, out_ptr,
              g, row_start, m_g, MAX_M, mi, ni, K, N, N, BLOCK_M, BLOCK_N, BLOCK_K,
-             True, False, False, "none", False, USE_TMA, False, DOT_PRECISION)
+             TRANSPOSE_W, False, False, "none", False, USE_TMA, False, DOT_PRECISION)

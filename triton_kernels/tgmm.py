@@ -30,7 +30,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 K: tl.constexpr, N: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 TRANSPOSE_LHS: tl.constexpr, ACCUMULATE: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr = False):
   """G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) output tiles, group by group; program p takes tiles p, p + P, ...
 
   P is one or a few programs per SM (persistent) or the number of tiles (one tile each). bounds (G + 1,)
@@ -42,6 +42,8 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
   first loads are thus in flight during this tile's epilogue. Rows outside a group are never read; empty
   groups store exact zeros (or existing). existing_ptr aliases out_ptr when ACCUMULATE; existing_ptr and
   dbias_ptr are placeholders when their flag is off.
+  MASKED (the masked layout's weight gradient): M = G * MAX_M rows, group g's are [g * MAX_M, g * MAX_M + m_g),
+  and bounds_ptr points at masked_m (G,) instead, clipped to [0, MAX_M] by the caller.
   """
   K_TILES: tl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -52,8 +54,12 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
 
   group = tl.arange(0, G_POW2)
   in_table = group < G
-  starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
-  group_rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
+  if MASKED:
+    starts = group * (M // G)
+    group_rows = tl.load(bounds_ptr + group, mask=in_table, other=0)
+  else:
+    starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
+    group_rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
   first = group * TILES_PER_GROUP
   mine = (tl.cdiv(tl.maximum(first + TILES_PER_GROUP - pid, 0), num_programs) -
           tl.cdiv(tl.maximum(first - pid, 0), num_programs))

@@ -1,0 +1,256 @@
+"""FP8 benchmark (`python -m jgmm.bench --fp8`): jgmm's FP8 masked and contiguous gmm beside their peers.
+
+Cases of issue 15 (DeepGEMM's): masked G x expected_m in {1x1024, 2x512, 4x256, 32x192, 6x1024, 32x20} with
+masked_m[g] uniform in [0.7, 1.3] x expected_m (DeepGEMM's test) and max_m = that bound rounded up to 128;
+contiguous G x rows in {4x8192, 8x4096}; (N, K) in {(4096, 7168), (7168, 2048)}. Implementations, timed
+round-robin in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 blocks (1x128 activations,
+128x128 weights), jgmm FP8 per row / per channel, jgmm bf16, torch._scaled_grouped_mm (rowwise scales) where it
+accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
+valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
+The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES.
+
+With --tune, each case's FP8 kernel (1x128 / 128x128) is first timed with every config of FP8_CANDIDATES; the
+fastest per config_table key goes to out_dir/tuned_fp8.json ({key: Config fields}, to enter in the tables).
+"""
+import dataclasses
+import json
+import os
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jgmm
+from jgmm import bench, config_table, quantize, timing
+from jgmm.config import Config
+
+MASKED_CASES = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]  # (G, expected_m)
+CONTIGUOUS_CASES = [(4, 8192), (8, 4096)]  # (G, rows per group)
+SHAPES = [(4096, 7168), (7168, 2048)]  # (N, K)
+# DeepGEMM's published TFLOP/s (H800, FP8 1x128 / 128x128), keyed (layout, G, rows, N, K).
+DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168): 1040,
+            ("masked", 4, 256, 4096, 7168): 932, ("masked", 1, 1024, 7168, 2048): 925,
+            ("masked", 2, 512, 7168, 2048): 916, ("masked", 4, 256, 7168, 2048): 815,
+            ("contiguous", 4, 8192, 4096, 7168): 1346, ("contiguous", 8, 4096, 4096, 7168): 1346,
+            ("contiguous", 4, 8192, 7168, 2048): 1214, ("contiguous", 8, 4096, 7168, 2048): 1214}
+RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
+
+
+FP8_CANDIDATES = [
+    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False),
+    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=True),
+    Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4, tma=True),
+    Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=True),
+    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False),
+    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=True),
+    Config(block_m=64, block_n=256, block_k=128, num_warps=4, num_stages=4, tma=True),
+    Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=6, tma=True),
+]
+
+
+def _round_up(x, multiple):
+  return -(-x // multiple) * multiple
+
+
+def _masked_m(g, expected_m, seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
+
+
+def tune_case(layout, g, rows, n, k):
+  """{table key: fields of the fastest of FP8_CANDIDATES} for one case's FP8 kernel (1x128 / 128x128 scales)."""
+  k1, k2 = jax.random.split(jax.random.key(0))
+  wq, ws = quantize.quantize(jax.random.normal(k2, (g, n, k), jnp.bfloat16), "128x128")
+  if layout == "masked":
+    max_m = _round_up(int(1.3 * rows) + 1, 128)
+    xq, xs = quantize.quantize(jax.random.normal(k1, (g, max_m, k), jnp.bfloat16), "1x128")
+    groups = jnp.asarray(_masked_m(g, rows))
+    run = lambda config: jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(
+        xq, wq, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config))
+    key = config_table.make_key("masked_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, scale="1x128-128x128")
+  else:
+    xq, xs = quantize.quantize(jax.random.normal(k1, (g * rows, k), jnp.bfloat16), "1x128")
+    groups = jnp.full((g,), rows, jnp.int32)
+    run = lambda config: jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(
+        xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config))
+    key = config_table.make_key("gmm_t_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, transpose=True,
+                                scale="1x128-128x128")
+  timings = {}
+  for i, config in enumerate(FP8_CANDIDATES):
+    fn = run(config)
+    try:
+      timings[i] = timing.time_ms(lambda: fn(xq, xs, wq, ws, groups), timing.jax_sync, min_batch_s=0.02, batches=5)
+    except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is skipped
+      print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+      continue
+    print(f"  {key} {timings[i]:.3f} ms {config}", flush=True)
+  if not timings:
+    return {}
+  best = min(timings, key=timings.get)
+  print(f"  best {key}: {timings[best]:.3f} ms {FP8_CANDIDATES[best]}", flush=True)
+  return {str(key): dataclasses.asdict(FP8_CANDIDATES[best])}
+
+
+def _jax_masked(x, w, masked_m, expected_m):
+  """{impl: fn} of jgmm on the masked layout: FP8 blocks, FP8 rows/channels, bf16."""
+  blocks = (*quantize.quantize(x, "1x128"), *quantize.quantize(w, "128x128"))
+  rows = (*quantize.quantize(x, "row"), *quantize.quantize(w, "row"))
+  fp8 = jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(xq, wq, mm, x_scale=xs, w_scale=ws,
+                                                           expected_m=expected_m))
+  bf16 = jax.jit(lambda x, w, mm: jgmm.masked_gmm(x, w, mm, expected_m=expected_m))
+  mm = jnp.asarray(masked_m)
+  xq, xs, wq, ws = blocks
+  rq, rs, cq, cs = rows
+  return {"jgmm_fp8_blocks": lambda: fp8(xq, xs, wq, ws, mm), "jgmm_fp8_rowwise": lambda: fp8(rq, rs, cq, cs, mm),
+          "jgmm_bf16": lambda: bf16(x, w, mm)}
+
+
+def _jax_contiguous(x, w_nk, sizes):
+  blocks = (*quantize.quantize(x, "1x128"), *quantize.quantize(w_nk, "128x128"))
+  rows = (*quantize.quantize(x, "row"), *quantize.quantize(w_nk, "row"))
+  fp8 = jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True))
+  bf16 = jax.jit(lambda x, w, gs: jgmm.gmm(x, w, gs, transpose_rhs=True))
+  gs = jnp.asarray(sizes)
+  xq, xs, wq, ws = blocks
+  rq, rs, cq, cs = rows
+  return {"jgmm_fp8_blocks": lambda: fp8(xq, xs, wq, ws, gs), "jgmm_fp8_rowwise": lambda: fp8(rq, rs, cq, cs, gs),
+          "jgmm_bf16": lambda: bf16(x, w_nk, gs)}
+
+
+def _torch_peers(layout, x, w_nk, rows_per_group, valid_rows):
+  """{impl: fn} of torch's FP8 products (rowwise scales) on the same values, and torch's sync. Each peer is tried
+  in the scale layouts torch versions have asked for; one that rejects them all is left out (reason printed)."""
+  try:
+    import torch
+    if not torch.cuda.is_available() or not hasattr(torch, "_scaled_mm"):
+      return {}, None
+  except ImportError:
+    return {}, None
+  g, n, k = w_nk.shape
+
+  def fp8_rows(a):  # rowwise FP8 of a bf16 tensor: (q, scale), one float32 scale per row of the last axis
+    scale = a.abs().amax(dim=-1).float().clamp(min=1e-12) / 448.0
+    return (a / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+  to_torch = lambda a: torch.tensor(np.asarray(a.astype(jnp.float32)), device="cuda").bfloat16()
+  wq, ws = fp8_rows(to_torch(w_nk))  # (G, N, K) K-major: mat_b is its (G, K, N) column-major transpose
+  xq, xs = fp8_rows(to_torch(x))  # (M, K) or (G, max_m, K)
+  grouped = lambda scale_a, scale_b, **kw: (lambda: torch._scaled_grouped_mm(
+      xq, wq.transpose(-2, -1), scale_a, scale_b, out_dtype=torch.bfloat16, **kw))
+  if layout == "contiguous":
+    offs = torch.cumsum(torch.full((g,), rows_per_group, device="cuda", dtype=torch.int32), 0, dtype=torch.int32)
+    grouped_tries = [grouped(xs, ws, offs=offs), grouped(xs, ws.reshape(-1), offs=offs)]
+  else:
+    grouped_tries = [grouped(xs, ws), grouped(xs.reshape(-1), ws.reshape(-1))]
+  # The ceiling: one dense FP8 product of the valid rows against one expert's (K, N) column-major weights.
+  dense_x, dense_s = xq.reshape(-1, k)[:valid_rows], xs.reshape(-1, 1)[:valid_rows]
+  dense_tries = [lambda: torch._scaled_mm(dense_x, wq[0].t(), dense_s, ws[0].reshape(1, -1), out_dtype=torch.bfloat16)]
+  accepted = {}
+  for name, tries in (("torch_scaled_grouped_mm", grouped_tries), ("torch_scaled_mm_dense", dense_tries)):
+    for fn in tries:
+      try:
+        fn()
+        torch.cuda.synchronize()
+        accepted[name] = fn
+        break
+      except Exception as e:  # noqa: BLE001 - a peer that rejects the case is reported and left out
+        print(f"  {name}: not run this way: {type(e).__name__}: {str(e)[:160]}", flush=True)
+  return accepted, lambda _: torch.cuda.synchronize()
+
+
+def bench_fp8_case(layout, g, rows, n, k):
+  """Timings of one FP8 case: {impl: {"ms", "tflops"}} plus the case's description."""
+  key = jax.random.key(0)
+  k1, k2 = jax.random.split(key)
+  w_nk = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
+  if layout == "masked":
+    masked_m = _masked_m(g, rows)
+    max_m = _round_up(int(1.3 * rows) + 1, 128)
+    x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
+    valid = int(masked_m.sum())
+    impls = _jax_masked(x, w_nk, masked_m, rows)
+    torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
+  else:
+    valid = g * rows
+    x = jax.random.normal(k1, (valid, k), jnp.bfloat16)
+    impls = _jax_contiguous(x, w_nk, np.full(g, rows, np.int32))
+    torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
+  fns = {name: (fn, timing.jax_sync) for name, fn in impls.items()}
+  fns.update({name: (fn, torch_sync) for name, fn in torch_fns.items()})
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  flops = 2 * valid * n * k
+  return {"layout": layout, "g": g, "rows": rows, "n": n, "k": k, "valid_rows": valid,
+          "deepgemm_tflops": DEEPGEMM.get((layout, g, rows, n, k)),
+          "impls": {name: {"ms": t, "tflops": flops / t / 1e9} for name, t in ms.items()}}
+
+
+def bench_recipe(name, m, k, n, g):
+  """fp8_gmm's forward+backward against gmm's (bf16), as bench.bench_case times them."""
+  inp = bench.Inputs(m, k, n, g)
+
+  def fwd_bwd(fn):
+    return jax.jit(jax.value_and_grad(lambda x, w, gs, dout: bench._loss(fn(x, w, gs), dout), argnums=(0, 1)))
+
+  fp8, bf16 = fwd_bwd(jgmm.fp8_gmm), fwd_bwd(jgmm.gmm)
+  args = (inp.x, inp.w, inp.group_sizes, inp.dout)
+  ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
+                               "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
+  return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
+          "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
+          "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
+
+
+def _print(results, recipe):
+  print("\nFP8 (TFLOP/s on the valid rows; DeepGEMM: published, H800)")
+  print("| layout | G x rows | N, K | jgmm fp8 blocks | jgmm fp8 rowwise | jgmm bf16 | torch scaled_grouped_mm "
+        "| torch scaled_mm dense | DeepGEMM | blocks vs DeepGEMM | blocks vs torch |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in results:
+    t = {name: row["tflops"] for name, row in r["impls"].items()}
+    cell = lambda name: f"{t[name]:.0f}" if name in t else "n/a"
+    deep = r["deepgemm_tflops"]
+    vs_deep = f"{t['jgmm_fp8_blocks'] / deep:.2f}x" if deep and "jgmm_fp8_blocks" in t else ""
+    torch_peer = t.get("torch_scaled_grouped_mm")
+    vs_torch = f"{t['jgmm_fp8_blocks'] / torch_peer:.2f}x" if torch_peer else ""
+    print(f"| {r['layout']} | {r['g']}x{r['rows']} | {r['n']}, {r['k']} | {cell('jgmm_fp8_blocks')} | "
+          f"{cell('jgmm_fp8_rowwise')} | {cell('jgmm_bf16')} | {cell('torch_scaled_grouped_mm')} | "
+          f"{cell('torch_scaled_mm_dense')} | {deep or ''} | {vs_deep} | {vs_torch} |")
+  if recipe:
+    print("\n| recipe case | fp8_gmm fwd+bwd ms | gmm bf16 fwd+bwd ms | speedup |")
+    print("|---|---|---|---|")
+    for r in recipe:
+      print(f"| {r['case']} | {r['fwd_bwd_ms']['fp8_gmm']:.3f} | {r['fwd_bwd_ms']['gmm_bf16']:.3f} | "
+            f"{r['speedup']:.2f}x |")
+    print(f"recipe speedup geomean: {statistics.geometric_mean([r['speedup'] for r in recipe]):.2f}x")
+
+
+def run(out_dir, cases="", tune=False):
+  """The FP8 section: every case (or the names in `cases`, e.g. "masked-1x1024-4096-7168,recipe"), printed and
+  written to out_dir/bench_fp8.json; with tune, the config sweep first (out_dir/tuned_fp8.json)."""
+  wanted = set(filter(None, cases.split(",")))
+  results, tuned = [], {}
+  for layout, grid in (("masked", MASKED_CASES), ("contiguous", CONTIGUOUS_CASES)):
+    for g, rows in grid:
+      for n, k in SHAPES:
+        name = f"{layout}-{g}x{rows}-{n}-{k}"
+        if wanted and name not in wanted:
+          continue
+        print(f"benchmarking {name}", flush=True)
+        try:
+          if tune:
+            tuned.update(tune_case(layout, g, rows, n, k))
+            with open(os.path.join(out_dir, "tuned_fp8.json"), "w") as f:
+              json.dump({"entries": tuned}, f, indent=1, sort_keys=True)
+          results.append(bench_fp8_case(layout, g, rows, n, k))
+        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
+          print(f"  {name}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+  recipe = []
+  if not wanted or "recipe" in wanted:
+    for case in bench.CASES:
+      if case[0] in RECIPE_CASES:
+        print(f"benchmarking recipe {case[0]}", flush=True)
+        recipe.append(bench_recipe(*case))
+  _print(results, recipe)
+  with open(os.path.join(out_dir, "bench_fp8.json"), "w") as f:
+    json.dump({"device": jax.devices()[0].device_kind, "results": results, "recipe": recipe}, f, indent=1)

@@ -1,0 +1,185 @@
+"""FP8 grouped GEMMs with fine-grained scales (DeepGEMM style), reached through jgmm.gmm / masked_gmm / tgmm.
+
+An FP8 operand q (float8_e4m3fn on NVIDIA, float8_e4m3fnuz on ROCm) comes with float32 scales s and stands for
+q * s, each scale over its block (jgmm.quantize makes both). Products accumulate in float32 and are written in
+bfloat16 by default (float16 or float32 on request). Two recipes, told apart by the scales' shapes, and mixable:
+  per row / per channel: lhs_scale (M,) or x_scale (G, max_m); rhs_scale / w_scale (G, N);
+  DeepSeek-V3 blocks: activations 1x128, lhs_scale (M, cdiv(K, 128)) or x_scale (G, max_m, cdiv(K, 128));
+    weights 128x128, rhs_scale / w_scale (G, cdiv(N, 128), cdiv(K, 128)), whatever rhs's layout.
+K need not be a multiple of 128 (the last block is partial). Zero, inf or NaN scales propagate as IEEE
+arithmetic says (a row with an inf scale gives inf or NaN; rows >= masked_m[g] stay exact zeros).
+
+Layouts. Hopper's FP8 tensor cores (wgmma) read both operands K-major. masked_gmm's w (G, N, K) and gmm's rhs with
+transpose_rhs=True (G, N, K) are; gmm's rhs (G, K, N) works too (Triton transposes tiles in shared memory on the
+way), at some speed cost: store FP8 weights as (G, N, K).
+
+tgmm (the weight gradient out[g] = lhs[rows of g]^T @ rhs[rows of g]) contracts over the grouped M dimension, so
+its scales run along M: blocks of 128 rows of one column, on the global grid of M (row r is in block r // 128,
+whatever group it belongs to; a block may span two groups, which is exact: scales are per element).
+lhs_scale is (cdiv(M, 128), K) for lhs (M, K) (transpose_lhs, `quantize(lhs, "128x1")`) or (K, cdiv(M, 128))
+for lhs (K, M) (`quantize(lhs, "1x128")`); rhs_scale (cdiv(M, 128), N) (`quantize(rhs, "128x1")`).
+
+Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There are no derivative rules: FP8
+operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.
+
+`fp8_gmm` is that recipe (DeepSeek-V3's): a gmm of bf16/fp32 operands computed in FP8, forward and backward.
+"""
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jgmm import ops, primitives, quantize, validation
+
+
+def requested(operands, scales):
+  """Whether a call is an FP8 one: any scale given (not None) or any FP8 operand."""
+  return any(s is not None for s in scales) or any(validation.is_fp8(a) for a in operands)
+
+
+def _gmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
+  del bounds, lhs_scale, rhs_scale, config
+  return [jax.core.ShapedArray((lhs.shape[0], rhs.shape[1] if transpose_rhs else rhs.shape[2]), out_dtype)]
+
+
+def _masked_gmm_shapes(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, config):
+  del masked_m, x_scale, w_scale, expected_m, config
+  return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
+
+
+def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
+  del lhs_scale, rhs_scale, config
+  k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
+  return [jax.core.ShapedArray((bounds.shape[0] - 1, k, rhs.shape[1]), out_dtype)]
+
+
+_gmm_p = primitives._define("gmm_fp8", _gmm_shapes)
+_masked_gmm_p = primitives._define("masked_gmm_fp8", _masked_gmm_shapes)
+_tgmm_p = primitives._define("tgmm_fp8", _tgmm_shapes)
+
+
+def gmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, bias=None, transpose_rhs=False, preferred_element_type=None,
+        group_offset=None, existing_out=None, activation=None, precision=None, config=None, backend=None):
+  """jgmm.gmm with FP8 lhs (M, K) and rhs (G, K, N) / (G, N, K): see the module docstring for the scales.
+  bias, existing_out, activation and precision are not supported with FP8 (a clear error)."""
+  out_dtype, config, backend = validation.check_gmm_fp8(
+      lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_rhs, preferred_element_type, group_offset,
+      existing_out, activation, precision, config, backend)
+  bounds = ops.group_bounds(group_sizes, group_offset, rhs.shape[0], lhs.shape[0])
+  (out,) = _gmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                  config=config, backend=backend)
+  return out
+
+
+def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None, expected_m=None, precision=None,
+               config=None, backend=None):
+  """jgmm.masked_gmm with FP8 x (G, max_m, K) and w (G, N, K): see the module docstring for the scales."""
+  out_dtype, config, backend = validation.check_masked_gmm_fp8(
+      x, w, masked_m, x_scale, w_scale, preferred_element_type, expected_m, precision, config, backend)
+  (out,) = _masked_gmm_p(x, w, ops.clip_to_int32(masked_m, x.shape[1]), x_scale, w_scale, out_dtype=out_dtype,
+                         expected_m=expected_m, config=config, backend=backend)
+  return out
+
+
+def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, preferred_element_type=None,
+         group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False, precision=None, config=None,
+         backend=None):
+  """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N), scales along M: see the module docstring.
+  existing_out, bias_grad and precision are not supported with FP8 (a clear error)."""
+  m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
+      lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
+      num_actual_groups, existing_out, bias_grad, precision, config, backend)
+  bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
+  (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                   config=config, backend=backend)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training recipe
+
+
+class _RecipeStatic(NamedTuple):
+  transpose_rhs: bool
+  out_dtype: jnp.dtype
+  fp8_dtype: jnp.dtype
+  config: object
+  backend: str | None
+
+
+def _weights_nk(rhs, s):
+  """rhs quantised in 128x128 blocks, in the K-major (G, N, K) layout of the forward product."""
+  return quantize.quantize(rhs if s.transpose_rhs else jnp.swapaxes(rhs, 1, 2), "128x128", s.fp8_dtype)
+
+
+def _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s):
+  lhs_q, lhs_scale = quantize.quantize(lhs, "1x128", s.fp8_dtype)
+  return gmm(lhs_q, rhs_q, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_rhs=True,
+             preferred_element_type=s.out_dtype, group_offset=group_offset, config=s.config, backend=s.backend)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _fp8_gmm(lhs, rhs, group_sizes, group_offset, s):
+  return _forward(lhs, *_weights_nk(rhs, s), group_sizes, group_offset, s)
+
+
+def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
+  rhs_q, rhs_scale = _weights_nk(rhs, s)
+  out = _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s)
+  return out, (lhs, rhs_q, rhs_scale, group_sizes, group_offset)
+
+
+def _fp8_gmm_bwd(s, residuals, dout):
+  lhs, rhs_q, rhs_scale, group_sizes, group_offset = residuals
+  common = dict(group_offset=group_offset, backend=s.backend)
+  # dlhs = dout @ rhs[g]^T: dout 1x128 along N; the forward's FP8 weights transposed to (G, K, N), K-major for
+  # this product (contracting N), with the same 128x128 blocks (their scales transposed).
+  dout_q, dout_scale = quantize.quantize(dout, "1x128", s.fp8_dtype)
+  dlhs = gmm(dout_q, jnp.swapaxes(rhs_q, 1, 2), group_sizes, lhs_scale=dout_scale,
+             rhs_scale=jnp.swapaxes(rhs_scale, 1, 2), transpose_rhs=True, preferred_element_type=lhs.dtype, **common)
+  # drhs = lhs[rows]^T @ dout[rows] per group: both quantised per 128 rows of M (tgmm's recipe).
+  lhs_t, lhs_t_scale = quantize.quantize(lhs, "128x1", s.fp8_dtype)
+  dout_t, dout_t_scale = quantize.quantize(dout, "128x1", s.fp8_dtype)
+  a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if s.transpose_rhs else
+                            (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
+  drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_lhs=True,
+              preferred_element_type=lhs.dtype, num_actual_groups=rhs_q.shape[0], **common)
+  return dlhs, drhs, None, None
+
+
+_fp8_gmm.defvjp(_fp8_gmm_fwd, _fp8_gmm_bwd)
+
+
+def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
+            preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn, config=None,
+            backend: str | None = None) -> jax.Array:
+  """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
+
+  Forward: lhs quantised per 1x128 block, rhs per 128x128 block (in the K-major (G, N, K) layout), one FP8 gmm.
+  Backward: dout quantised per 1x128 block; dlhs = dout @ rhs[g]^T by an FP8 gmm on the forward's FP8 weights
+  transposed; drhs by an FP8 tgmm of lhs and dout quantised per 128 rows of M (jgmm.fp8's tgmm recipe). The
+  gradients are those of the quantised products (a recipe, not the exact derivative of the FP8 forward).
+
+  Args:
+    lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype.
+    group_sizes: (G_total,) integer rows per group (G_total == G, or > G with group_offset).
+    preferred_element_type: output dtype; default lhs's dtype.
+    group_offset: optional int or int array, first local group (expert sharding), as for gmm.
+    fp8_dtype: float8_e4m3fn (NVIDIA) or float8_e4m3fnuz (ROCm).
+    config, backend: as for gmm (config applies to the forward product).
+
+  Returns:
+    (M, N); rows outside the computed groups are 0.
+  """
+  # The checks of the bf16 product validate every argument (shapes, dtypes, groups) at trace time.
+  _, _, _, _, out_dtype, _, config, backend = validation.check_gmm(
+      lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
+      backend)
+  fp8_dtype = jnp.dtype(fp8_dtype)
+  if fp8_dtype not in validation.FP8_DTYPES:
+    raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")
+  s = _RecipeStatic(transpose_rhs, out_dtype, fp8_dtype, config, backend)
+  offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
+  return _fp8_gmm(lhs, rhs, group_sizes, offset, s)

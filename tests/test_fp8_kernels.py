@@ -1,0 +1,327 @@
+"""The FP8 Triton kernels (triton_kernels/gmm_fp8.py through backend_triton.*_fp8) against the float64 oracle.
+
+CPU: Triton's interpreter with float32 operands holding FP8 values (its FP8 dots are not trusted); the kernels
+do not depend on the element type, so this runs all their indexing and scaling. jgmm.ffi NaN-poisons every
+output first, so an element the kernel forgets fails. Cross-lowering for sm_90 with real FP8 operands proves
+they compile to Hopper's FP8 wgmma. GPU (skipped without one): FP8 against the dequantised oracle and
+DeepGEMM's criterion against the bf16 product, through the public API.
+"""
+import dataclasses
+import os
+import secrets
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+import jgmm
+from jgmm import backend_triton, oracle, quantize
+from jgmm.config import Config
+from jgmm.ffi import _compile, _jaxlib
+from jgmm.triton_kernels import gmm_fp8
+
+ON_GPU = any(d.platform == "gpu" for d in jax.devices())
+SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
+# Against the float64 dequantised oracle on a GPU: Hopper's FP8 wgmma accumulates ~14 bits within a 128-wide K step
+# (promoted to float32 between steps): ~2.5e-4 relative error at K = 7168 (1.9e-3 without the promotion).
+GPU_TOL = 1e-3
+RECIPES = (("row", "row"), ("1x128", "128x128"), ("row", "128x128"), ("1x128", "row"))
+
+
+class Fp8KernelTestBase(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.seed = secrets.randbits(32)
+    self.rng = np.random.default_rng(self.seed)
+
+  def quantized(self, shape, recipe, dtype=jnp.float8_e4m3fn):
+    """(q, scale) of random rows of different magnitudes; q in `dtype` (float32 stands in for FP8 under the
+    interpreter: the same values)."""
+    x = self.rng.standard_normal(shape) * np.exp(self.rng.uniform(-2, 2, shape[:-1] + (1,)))
+    q, scale = quantize.quantize(jnp.asarray(x, jnp.float32), recipe)
+    return q.astype(dtype), scale
+
+  def assert_close(self, actual, expected, tol, what=""):
+    actual = np.asarray(actual, np.float32)
+    self.assertFalse(np.isnan(actual).any(), f"{what}: NaN (unwritten?), seed {self.seed}")
+    err = oracle.rel_err(actual, expected)
+    self.assertLess(err, tol, f"{what}: relative error {err:.3g}, seed {self.seed}")
+
+
+def run_gmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype=jnp.float32, config=SMALL):
+  fn = jax.jit(lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+                                                 config=config))
+  return fn(lhs, rhs, jnp.asarray(bounds, jnp.int32), lhs_scale, rhs_scale)
+
+
+def run_masked(x, w, masked_m, x_scale, w_scale, *, out_dtype=jnp.float32, config=SMALL):
+  fn = jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=out_dtype, expected_m=None, config=config))
+  return fn(x, w, jnp.asarray(masked_m, jnp.int32), x_scale, w_scale)
+
+
+def run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype=jnp.float32, config=SMALL):
+  fn = jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
+                                                  config=config))
+  return fn(lhs, rhs, jnp.asarray(bounds, jnp.int32), lhs_scale, rhs_scale)
+
+
+def groups_of(bounds):
+  """group_sizes and group_offset that jgmm.oracle reads as the groups of `bounds` (a leading empty group)."""
+  bounds = np.asarray(bounds)
+  return np.concatenate([[bounds[0]], np.diff(bounds)]), 1
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedFp8Test(Fp8KernelTestBase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    os.environ.pop("JGMM_TARGET", None)
+
+  @parameterized.parameters(
+      (1, RECIPES[0], True, False), (7, RECIPES[1], False, False), (129, RECIPES[1], True, False),
+      (129, RECIPES[2], False, False), (200, RECIPES[3], True, False), (160, RECIPES[1], True, True),
+      (96, RECIPES[2], False, True))
+  def test_gmm(self, k, recipes, transpose_rhs, tma):
+    """tma: tensor-descriptor loads (K a multiple of 16 for TMA's 16-byte strides in FP8)."""
+    m, n, groups = 45, 136, 3  # N over one 128-column scale block, tiles across group boundaries
+    lhs, lhs_scale = self.quantized((m, k), recipes[0], jnp.float32)
+    rhs_nk, rhs_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
+    rhs = rhs_nk if transpose_rhs else jnp.swapaxes(rhs_nk, 1, 2)
+    bounds = np.array([3, 20, 20, 40], np.int32)  # rows 0-2 and 40-44 in no group (zeros), an empty group
+    out = run_gmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
+                  config=dataclasses.replace(SMALL, tma=tma))
+    sizes, offset = groups_of(bounds)
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
+                      transpose_rhs=True, group_offset=offset)
+    self.assert_close(out, want, 1e-5)
+    np.testing.assert_array_equal(out[:3], 0.0)
+    np.testing.assert_array_equal(out[40:], 0.0)
+
+  @parameterized.parameters((7, RECIPES[0], False), (129, RECIPES[1], False), (33, RECIPES[2], False),
+                            (144, RECIPES[1], True), (32, RECIPES[0], True))
+  def test_masked(self, k, recipes, tma):
+    groups, max_m, n = 5, 37, 140
+    x, x_scale = self.quantized((groups, max_m, k), recipes[0], jnp.float32)
+    w, w_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
+    masked_m = np.array([0, max_m, 1, 17, 33], np.int32)
+    out = run_masked(x, w, masked_m, x_scale, w_scale, config=dataclasses.replace(SMALL, tma=tma))
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
+    self.assert_close(out, want, 1e-5)
+    np.testing.assert_array_equal(out[0], 0.0)
+    np.testing.assert_array_equal(out[2, 1:], 0.0)
+
+  @parameterized.parameters((True, 40, 24), (False, 7, 33), (True, 1, 16))
+  def test_tgmm(self, transpose_lhs, k, n):
+    m = 300  # three 128-row scale blocks, spanning groups
+    bounds = np.array([10, 10, 150, 151, 290], np.int32)  # empty groups, rows outside every group
+    lhs_mk, lhs_mk_scale = self.quantized((m, k), "128x1", jnp.float32)
+    rhs, rhs_scale = self.quantized((m, n), "128x1", jnp.float32)
+    lhs, lhs_scale = (lhs_mk, lhs_mk_scale) if transpose_lhs else (lhs_mk.T, lhs_mk_scale.T)
+    out = run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs)
+    sizes, offset = groups_of(bounds)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
+                          sizes,
+                          transpose_lhs=True, group_offset=offset, num_actual_groups=4)
+    self.assert_close(out, want, 1e-5)
+    np.testing.assert_array_equal(out[0], 0.0)
+
+  @parameterized.parameters((RECIPES[0],), (RECIPES[1],))
+  def test_nan_scales_stay_in_their_rows(self, recipes):
+    """NaN scales of valid rows give NaN rows; those of rows past masked_m (or of rows outside every group) never
+    reach the output, which is exact zeros there."""
+    groups, max_m, n, k = 2, 20, 24, 130
+    x, x_scale = self.quantized((groups, max_m, k), recipes[0], jnp.float32)
+    w, w_scale = self.quantized((groups, n, k), recipes[1], jnp.float32)
+    x_scale = x_scale.at[0, 3].set(jnp.nan).at[1, 12:].set(jnp.nan)
+    out = np.asarray(run_masked(x, w, np.array([20, 12], np.int32), x_scale, w_scale))
+    self.assertTrue(np.isnan(out[0, 3]).all())
+    np.testing.assert_array_equal(out[1, 12:], 0.0)
+    self.assertFalse(np.isnan(np.delete(out[0], 3, axis=0)).any())
+    lhs, lhs_scale = x.reshape(-1, k), x_scale.reshape(-1, *x_scale.shape[2:])
+    out = np.asarray(run_gmm(lhs, w, np.array([0, 20, 32], np.int32), lhs_scale, w_scale, transpose_rhs=True))
+    self.assertTrue(np.isnan(out[3]).all())
+    np.testing.assert_array_equal(out[32:], 0.0)  # Rows 32-39 (NaN scales) are in no group.
+    self.assertFalse(np.isnan(np.delete(out, 3, axis=0)).any())
+
+  def test_public_api_on_the_interpreter(self):
+    """jgmm.masked_gmm(backend="triton") with FP8 operands reaches the kernel (float32 dots there: the check
+    is only that the call is wired, so a loose tolerance)."""
+    groups, max_m, n, k = 2, 16, 32, 64
+    x, x_scale = self.quantized((groups, max_m, k), "1x128")
+    w, w_scale = self.quantized((groups, n, k), "128x128")
+    masked_m = np.array([5, 16], np.int32)
+    with mock.patch.dict(os.environ, {"JGMM_CONFIG": '{"block_m": 16, "block_n": 16, "block_k": 64}'}):
+      out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale,
+                            preferred_element_type=jnp.float32, backend="triton")
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
+    self.assert_close(out, want, 1e-2)
+
+
+@absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
+@absltest.skipIf(not hasattr(gmm_fp8.gmm_fp8_kernel, "cache_key"),
+                 "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
+class Fp8CrossLoweringTest(parameterized.TestCase):
+
+  def ptx(self, fn, *args, tma=False):
+    """The PTX of every kernel fn compiles for sm_90; with tma (and a jaxlib that builds host TMA descriptors) each
+    takes its two operands through tensor descriptors."""
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    self.assertIn("triton_kernel_call", text)
+    signatures = [dict(c.args[1]) for c in compile_kernel.call_args_list]
+    self.assertNotEmpty(signatures)
+    descriptors = 2 if tma and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")) else 0
+    for signature in signatures:
+      self.assertEqual(sum(str(t).startswith("tensordesc<fp8e4nv") for t in signature.values()), descriptors)
+    return [c.asm["ptx"] for key, c in _compile._cache.items() if dict(key[1]) in signatures]
+
+  def assert_fp8_wgmma(self, ptxs):
+    for ptx in ptxs:
+      self.assertIn(".target sm_90a", ptx)
+      self.assertRegex(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3")
+
+  @parameterized.product(transpose_rhs=(True, False), recipes=(RECIPES[0], RECIPES[1]), tma=(False, True))
+  def test_gmm(self, transpose_rhs, recipes, tma):
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    m, k, n, g = 8192, 7168, 4096, 8
+    rhs_scale = s((g, n) if recipes[1] == "row" else (g, 32, 56), jnp.float32)
+    config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=tma)
+    fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=transpose_rhs, out_dtype=jnp.bfloat16, config=config)
+    self.assert_fp8_wgmma(self.ptx(
+        fn, s((m, k), f8), s((g, n, k) if transpose_rhs else (g, k, n), f8), s((g + 1,), jnp.int32),
+        s((m,) if recipes[0] == "row" else (m, 56), jnp.float32), rhs_scale, tma=tma))
+
+  @parameterized.parameters((16, None), (256, None), (256, Config(block_m=128, block_n=128, block_k=128, tma=True)))
+  def test_masked(self, expected_m, config):
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    g, max_m, k, n = 4, 1024, 7168, 4096
+    fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=expected_m, config=config)
+    self.assert_fp8_wgmma(self.ptx(fn, s((g, max_m, k), f8), s((g, n, k), f8), s((g,), jnp.int32),
+                                   s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
+                                   tma=config is not None))
+
+  @parameterized.parameters(True, False)
+  def test_tgmm(self, transpose_lhs):
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    m, k, n, g = 8192, 2048, 4096, 8
+    fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, out_dtype=jnp.bfloat16, config=None)
+    self.assert_fp8_wgmma(self.ptx(fn, s((m, k) if transpose_lhs else (k, m), f8), s((m, n), f8),
+                                   s((g + 1,), jnp.int32), s((64, k) if transpose_lhs else (k, 64), jnp.float32),
+                                   s((64, n), jnp.float32)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+
+
+@absltest.skipIf(not ON_GPU, "needs a GPU")
+class GpuFp8Test(Fp8KernelTestBase):
+
+  def fp8(self, x, recipe):
+    return quantize.quantize(x, recipe)
+
+  @parameterized.product(
+      (dict(m=1000, k=7168, n=1024), dict(m=777, k=129, n=264), dict(m=300, k=7, n=33), dict(m=513, k=1, n=200)),
+      recipes=RECIPES, transpose_rhs=(True, False))
+  def test_gmm(self, m, k, n, recipes, transpose_rhs):
+    groups = 6
+    lhs, lhs_scale = self.quantized((m, k), recipes[0])
+    rhs_nk, rhs_scale = self.quantized((groups, n, k), recipes[1])
+    rhs = rhs_nk if transpose_rhs else jnp.swapaxes(rhs_nk, 1, 2)
+    sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)
+    sizes[2] = 0
+    out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
+                   transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
+                      transpose_rhs=True)
+    self.assert_close(out, want, GPU_TOL)
+    np.testing.assert_array_equal(np.asarray(out)[m - 10:], 0.0)
+
+  @parameterized.product(expected_m=(1, 64, 256), recipes=RECIPES[:2])
+  def test_masked(self, expected_m, recipes):
+    groups, max_m, n, k = 6, 300, 1000, 2880
+    x, x_scale = self.quantized((groups, max_m, k), recipes[0])
+    w, w_scale = self.quantized((groups, n, k), recipes[1])
+    masked_m = np.array([0, max_m, 1, 63, 64, 200], np.int32)
+    out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale, expected_m=expected_m,
+                          preferred_element_type=jnp.float32)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
+    self.assert_close(out, want, GPU_TOL)
+    np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
+
+  @parameterized.parameters(True, False)
+  def test_tgmm(self, transpose_lhs):
+    m, k, n, groups = 3000, 1000, 520, 5
+    lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
+    rhs, rhs_scale = self.quantized((m, n), "128x1")
+    lhs, lhs_scale_arg = (lhs_mk, lhs_scale) if transpose_lhs else (lhs_mk.T, lhs_scale.T)
+    sizes = np.array([0, 1000, 7, 1800, 100], np.int32)
+    out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale,
+                    transpose_lhs=transpose_lhs, preferred_element_type=jnp.float32)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
+                          sizes,
+                          transpose_lhs=True)
+    self.assert_close(out, want, GPU_TOL)
+    np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
+
+  @parameterized.product(transpose_rhs=(True, False), recipes=RECIPES[:2], block_m=(64, 128))
+  def test_tma(self, transpose_rhs, recipes, block_m):
+    """Tensor-descriptor loads: tiles past a group's rows, N past the last column block, K past the last block."""
+    m, k, n, groups = 1000, 2064, 1040, 5
+    config = Config(block_m=block_m, block_n=128, block_k=128, num_warps=8 if block_m == 128 else 4, num_stages=4,
+                    tma=True)
+    lhs, lhs_scale = self.quantized((m, k), recipes[0])
+    rhs_nk, rhs_scale = self.quantized((groups, n, k), recipes[1])
+    rhs = rhs_nk if transpose_rhs else jnp.swapaxes(rhs_nk, 1, 2)
+    sizes = np.array([300, 0, 177, 400, 100], np.int32)
+    out = jgmm.gmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
+                   transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, config=config)
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                      sizes,
+                      transpose_rhs=True)
+    self.assert_close(out, want, GPU_TOL, "gmm")
+    x, x_scale = self.quantized((groups, 200, k), recipes[0])
+    masked_m = np.array([0, 200, 1, 129, 64], np.int32)
+    out = jgmm.masked_gmm(x, rhs_nk, jnp.asarray(masked_m), x_scale=x_scale, w_scale=rhs_scale,
+                          preferred_element_type=jnp.float32, config=config)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
+                             masked_m)
+    self.assert_close(out, want, GPU_TOL, "masked")
+
+  @parameterized.parameters((4096, 7168), (7168, 2048))
+  def test_deepgemm_criterion(self, n, k):
+    groups, max_m = 4, 256
+    x = jnp.asarray(self.rng.standard_normal((groups, max_m, k)), jnp.bfloat16)
+    w = jnp.asarray(self.rng.standard_normal((groups, n, k)), jnp.bfloat16)
+    (xq, xs), (wq, ws) = quantize.quantize(x, "1x128"), quantize.quantize(w, "128x128")
+    masked_m = np.array([256, 100, 0, 255], np.int32)
+    out = jgmm.masked_gmm(xq, wq, jnp.asarray(masked_m), x_scale=xs, w_scale=ws, expected_m=256)
+    want = jgmm.masked_gmm(x, w, jnp.asarray(masked_m))
+    self.assertLess(oracle.deepgemm_diff(out, want), 1e-3)
+
+  def test_offsets_past_int32(self):
+    """masked out (G * max_m, N) past 2^31 elements."""
+    groups, max_m, n, k = 2, 2**31 // 4096 // 2 + 512, 4096, 128
+    x, x_scale = self.quantized((groups, max_m, k), "1x128")
+    w, w_scale = self.quantized((groups, n, k), "128x128")
+    masked_m = np.array([max_m - 3, max_m], np.int32)
+    out = jgmm.masked_gmm(x, w, jnp.asarray(masked_m), x_scale=x_scale, w_scale=w_scale)
+    rows = np.array([0, max_m - 4, max_m - 1])
+    got = np.asarray(out[:, rows], np.float32)
+    xd, wd = oracle.dequantize(x[:, rows], x_scale[:, rows], "1x128"), oracle.dequantize(w, w_scale, "128x128")
+    want = np.einsum("gmk,gnk->gmn", xd, wd)
+    want[0, 2] = 0.0
+    self.assertLess(oracle.rel_err(got, want), 1e-2)
+    np.testing.assert_array_equal(got[0, 2], 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
