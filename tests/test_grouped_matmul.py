@@ -27,7 +27,7 @@ gm = importlib.import_module("jgmm.grouped_matmul")  # the module (jgmm.grouped_
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
-TOLERANCE = {"f32": 2e-3, "bf16": 2e-2, "f16": 5e-3}
+TOLERANCE = {"f32": 5e-3 if ON_GPU else 2e-3, "bf16": 2e-2, "f16": 5e-3}  # GPU: TF32 on K <= 8 products
 # (M, N, K) differing in each of M, N and K, with empty problems (M, N or K = 0: zeros).
 MIXED = ((5, 7, 3), (17, 33, 20), (1, 1, 1), (40, 9, 50), (0, 3, 4), (3, 0, 2), (4, 5, 0), (16, 16, 16))
 
