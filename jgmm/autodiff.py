@@ -170,39 +170,12 @@ def _tgmm_transpose(cts, lhs, rhs, bounds, *optional, present, backend, transpos
   return [ct_lhs, ct_rhs, None] + ct_existing
 
 
-# masked_gmm: out[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g]^T.
-
-def _masked_gmm_jvp(primals, tangents, *, present, backend, out_dtype, expected_m, precision, config):
-  x, w, masked_m = primals
-  t_x, t_w, _ = tangents
-  static = dict(out_dtype=out_dtype, expected_m=expected_m, precision=precision, backend=backend)
-  outs = primitives.masked_gmm(x, w, masked_m, config=config, **static)
-  t_out = None
-  if not _is_zero(t_w):
-    (t_out,) = primitives.masked_gmm(x, t_w, masked_m, config=None, **static)
-  if not _is_zero(t_x):
-    (t_x_out,) = primitives.masked_gmm(t_x, w, masked_m, config=None, **static)
-    t_out = t_x_out if t_out is None else t_out + t_x_out
-  return outs, [_zero_tangent(outs[0]) if t_out is None else t_out]
-
-
-def _masked_gmm_transpose(cts, x, w, masked_m, *, present, backend, out_dtype, expected_m, precision, config):
-  del present, out_dtype, config
-  (ct,) = cts
-  if type(ct) is ad.Zero:
-    return [None, None, None]
-  static = dict(precision=precision, config=None, backend=backend)
-  x_dtype, w_dtype = _aval(x).dtype, _aval(w).dtype
-  ct_x = ct_w = None
-  if ad.is_undefined_primal(x):  # d x[g] = dout[g] @ w[g]: w (G, N, K) read in place as (G, K', N').
-    (ct_x,) = primitives.masked_gmm_kn(ct.astype(w_dtype), w, masked_m, out_dtype=x_dtype, expected_m=expected_m,
-                                       **static)
-  if ad.is_undefined_primal(w):  # d w[g] = dout[g, valid]^T @ x[g, valid]
-    (ct_w,) = primitives.masked_tgmm(ct.astype(x_dtype), x, masked_m, out_dtype=w_dtype, **static)
-  return [ct_x, ct_w, None]
-
-
-# masked_gmm_kn: out[g, :m] = x[g, :m] @ w[g] (w (G, K, N)); masked_tgmm: out[g] = lhs[g, :m]^T @ rhs[g, :m].
+# The masked family, each linear in its two float operands a, b (the third is masked_m; rows >= masked_m[g] are
+# neither read nor written):
+#   masked_gmm     out[g, :m] = a[g, :m] @ b[g]^T   (b (G, N, K))
+#   masked_gmm_kn  out[g, :m] = a[g, :m] @ b[g]     (b (G, K, N), read in place)
+#   masked_tgmm    out[g] = a[g, :m]^T @ b[g, :m]
+# Each cotangent is again one of the three, reading dout in place: no transposed copies.
 
 def _bilinear_jvp(bind, **defaults):
   """The JVP of a primitive linear in each of its two float operands (the third is masked_m)."""
@@ -219,35 +192,37 @@ def _bilinear_jvp(bind, **defaults):
   return jvp
 
 
-def _masked_gmm_kn_transpose(cts, x, w, masked_m, *, present, backend, out_dtype, expected_m, precision, config):
-  del present, out_dtype, config
-  (ct,) = cts
-  if type(ct) is ad.Zero:
-    return [None, None, None]
-  static = dict(precision=precision, config=None, backend=backend)
-  x_dtype, w_dtype = _aval(x).dtype, _aval(w).dtype
-  ct_x = ct_w = None
-  if ad.is_undefined_primal(x):  # d x[g] = dout[g] @ w[g]^T: masked_gmm with w (G, K, N) as its (G, N', K').
-    (ct_x,) = primitives.masked_gmm(ct.astype(w_dtype), w, masked_m, out_dtype=x_dtype, expected_m=expected_m,
-                                    **static)
-  if ad.is_undefined_primal(w):  # d w[g] = x[g, valid]^T @ dout[g, valid]
-    (ct_w,) = primitives.masked_tgmm(x, ct.astype(x_dtype), masked_m, out_dtype=w_dtype, **static)
-  return [ct_x, ct_w, None]
+def _masked_transpose(ct_a, ct_b):
+  """A transpose rule from two cotangent formulas: ct_a(dout, b) and ct_b(dout, a) -> (bind, first, second), the
+  primitive that computes the cotangent of a (resp. b) and its two float operands (dout cast to the other's dtype)."""
+  def transpose(cts, a, b, masked_m, *, present, backend, out_dtype, precision, config, expected_m=None):
+    del present, out_dtype, config
+    (ct,) = cts
+    if type(ct) is ad.Zero:
+      return [None, None, None]
+    result = []
+    for operand, formula, other in ((a, ct_a, b), (b, ct_b, a)):
+      if not ad.is_undefined_primal(operand):
+        result.append(None)
+        continue
+      bind, first, second = formula(ct.astype(_aval(other).dtype), other)
+      extra = {} if bind is primitives.masked_tgmm else dict(expected_m=expected_m)
+      (value,) = bind(first, second, masked_m, out_dtype=operand.aval.dtype, precision=precision, config=None,
+                      backend=backend, **extra)
+      result.append(value)
+    return result + [None]
+  return transpose
 
 
-def _masked_tgmm_transpose(cts, lhs, rhs, masked_m, *, present, backend, out_dtype, precision, config):
-  del present, out_dtype, config
-  (ct,) = cts
-  if type(ct) is ad.Zero:
-    return [None, None, None]
-  static = dict(expected_m=None, precision=precision, config=None, backend=backend)
-  lhs_dtype, rhs_dtype = _aval(lhs).dtype, _aval(rhs).dtype
-  ct_lhs = ct_rhs = None
-  if ad.is_undefined_primal(lhs):  # d lhs[g, valid] = rhs[g, valid] @ dout[g]^T (dout (G, K, N) as w (G, N', K'))
-    (ct_lhs,) = primitives.masked_gmm(rhs, ct.astype(rhs_dtype), masked_m, out_dtype=lhs_dtype, **static)
-  if ad.is_undefined_primal(rhs):  # d rhs[g, valid] = lhs[g, valid] @ dout[g]
-    (ct_rhs,) = primitives.masked_gmm_kn(lhs, ct.astype(lhs_dtype), masked_m, out_dtype=rhs_dtype, **static)
-  return [ct_lhs, ct_rhs, None]
+# masked_gmm: d a = dout @ b (kn, b read in place); d b = dout^T @ a (tgmm).
+_masked_gmm_transpose = _masked_transpose(lambda ct, b: (primitives.masked_gmm_kn, ct, b),
+                                          lambda ct, a: (primitives.masked_tgmm, ct, a))
+# masked_gmm_kn: d a = dout @ b^T (masked_gmm with b (G, K, N) as its (G, N', K')); d b = a^T @ dout (tgmm).
+_masked_gmm_kn_transpose = _masked_transpose(lambda ct, b: (primitives.masked_gmm, ct, b),
+                                             lambda ct, a: (primitives.masked_tgmm, a, ct))
+# masked_tgmm: d a[g, :m] = b[g, :m] @ dout[g]^T (masked_gmm, dout as (G, N', K')); d b[g, :m] = a[g, :m] @ dout[g].
+_masked_tgmm_transpose = _masked_transpose(lambda ct, b: (primitives.masked_gmm, b, ct),
+                                           lambda ct, a: (primitives.masked_gmm_kn, a, ct))
 
 
 def _typed_as_primals(transpose):
@@ -261,7 +236,8 @@ def _typed_as_primals(transpose):
 
 for _bind, _jvp, _transpose in ((primitives.gmm, _gmm_jvp, _gmm_transpose),
                                 (primitives.tgmm, _tgmm_jvp, _tgmm_transpose),
-                                (primitives.masked_gmm, _masked_gmm_jvp, _masked_gmm_transpose),
+                                (primitives.masked_gmm, _bilinear_jvp(primitives.masked_gmm, config=None),
+                                 _masked_gmm_transpose),
                                 (primitives.masked_gmm_kn, _bilinear_jvp(primitives.masked_gmm_kn, config=None),
                                  _masked_gmm_kn_transpose),
                                 (primitives.masked_tgmm, _bilinear_jvp(primitives.masked_tgmm, config=None),
