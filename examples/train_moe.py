@@ -2,6 +2,7 @@
 
   python examples/train_moe.py                     # default size (one GPU): jgmm
   python examples/train_moe.py --compare           # also the same steps with jax.lax.ragged_dot; loss agreement
+  python examples/train_moe.py --fp8               # also the same steps in FP8 (jgmm.fp8_gmm); loss agreement
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python examples/train_moe.py --tiny
 
 The corpus is generated here (byte-level sentences of small arithmetic and facts about made-up people), so
@@ -123,7 +124,7 @@ def progress(steps):
 
 
 def train(args, mesh, data, impl):
-  """Trains args.steps steps with impl ("jgmm" or "ragged_dot"); returns (losses, tokens per second)."""
+  """Trains args.steps steps with impl (a jgmm.moe impl: "jgmm", "fp8" or "ragged_dot"); returns (losses, tokens per second)."""
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, 10, max(args.steps, 11)))
   specs = param_specs(init_params(jax.random.key(0), args))
   shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
@@ -197,6 +198,8 @@ def parse_args(argv=None):
   parser.add_argument("--devices", type=int, default=None, help="use the first N devices (default: all)")
   parser.add_argument("--out", default="train_moe_out", help="folder for the loss plot")
   parser.add_argument("--compare", action="store_true", help="also train with jax.lax.ragged_dot and compare")
+  parser.add_argument("--fp8", action="store_true",
+                      help="also train with the experts' products in FP8 (moe impl 'fp8': jgmm.fp8_gmm) and compare")
   parser.add_argument("--tiny", action="store_true", help="a seconds-long CPU size (CI): overrides the sizes")
   args = parser.parse_args(argv)
   if args.tiny:
@@ -216,12 +219,13 @@ def main(argv=None):
         f"top-{args.top_k}", flush=True)
   data = corpus(max(1 << 20, 4 * args.batch * (args.seq + 1)), args.seed)
   curves, speeds = {}, {}
-  for impl in ("jgmm", "ragged_dot") if args.compare else ("jgmm",):
+  impls = ["jgmm"] + ["fp8"] * args.fp8 + ["ragged_dot"] * args.compare
+  for impl in impls:
     curves[impl], speeds[impl] = train(args, mesh, data, impl)
-  if args.compare:
-    diff = np.abs(curves["jgmm"] - curves["ragged_dot"])
-    print(f"max |loss difference| {diff.max():.4g} (mean {diff.mean():.3g}) over {args.steps} steps; "
-          f"jgmm step speed / ragged_dot's: {speeds['jgmm'] / speeds['ragged_dot']:.2f}x")
+  for impl in impls[1:]:
+    diff = np.abs(curves["jgmm"] - curves[impl])
+    print(f"{impl} vs jgmm: max |loss difference| {diff.max():.4g} (mean {diff.mean():.3g}) over {args.steps} "
+          f"steps; jgmm step speed / {impl}'s: {speeds['jgmm'] / speeds[impl]:.2f}x")
   os.makedirs(args.out, exist_ok=True)
   plot(curves, os.path.join(args.out, "train_moe_loss.png"))
 

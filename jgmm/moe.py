@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jgmm import activations, ops, validation
+from jgmm import activations, fp8, ops, validation
 
 
 class Permutation(NamedTuple):
@@ -153,7 +153,9 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
 
   out[rows of e] = act(rows @ w_gate_up[e]) @ w_down[e]; w_gate_up (E, H, 2F) with [gate | up] columns for
   swiglu, else (E, H, F); w_down (E, F, H). Rows past sum(group_sizes) are 0.
-  impl: "jgmm" (gmm with the fused activation) or "ragged_dot" (jax.lax.ragged_dot, the reference).
+  impl: "jgmm" (gmm with the fused activation), "fp8" (both products through jgmm.fp8_gmm, DeepSeek-V3's FP8
+    recipe: activations quantised per 1x128 block, weights per 128x128, FP8 products forward and backward; the
+    weights stay in their dtype as master weights) or "ragged_dot" (jax.lax.ragged_dot, the reference).
   layout: "contiguous" (gmm on the sorted rows) or "masked" (jgmm.masked_gmm on (E, max_rows_per_expert, H)
     per-expert buffers, the decode-time layout; it reads the weights transposed, a copy per call; default
     max_rows_per_expert = n, which never drops; rows past it are 0).
@@ -172,6 +174,10 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
     h = lax.ragged_dot(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32)
     h = activations.apply(activation, h).astype(rows.dtype)
     return lax.ragged_dot(h, w_down, group_sizes, preferred_element_type=jnp.float32).astype(rows.dtype)
+  if impl == "fp8":
+    h = fp8.fp8_gmm(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32, backend=backend)
+    h = activations.apply(activation, h).astype(rows.dtype)
+    return fp8.fp8_gmm(h, w_down, group_sizes, backend=backend)
   h = ops.gmm(rows, w_gate_up, group_sizes, activation=activation, backend=backend)
   return ops.gmm(h, w_down, group_sizes, backend=backend)
 

@@ -261,7 +261,7 @@ def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_ty
 # jgmm.moe: routing, permutation and the MoE layers.
 
 SCORES = ("softmax", "sigmoid")
-MOE_IMPLS = ("jgmm", "ragged_dot")
+MOE_IMPLS = ("jgmm", "fp8", "ragged_dot")
 MOE_LAYOUTS = ("contiguous", "masked")
 DISPATCHES = (None, "ragged", "padded")
 
@@ -348,8 +348,8 @@ def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, lay
   """Validates expert_mlp's arguments; returns (E, F)."""
   _choice("impl", impl, MOE_IMPLS)
   _choice("layout", layout, MOE_LAYOUTS)
-  if impl == "ragged_dot" and layout == "masked":
-    raise ValueError("layout='masked' runs jgmm.masked_gmm; it has no impl='ragged_dot' form")
+  if impl != "jgmm" and layout == "masked":
+    raise ValueError(f"layout='masked' runs jgmm.masked_gmm; it has no impl={impl!r} form (use impl='jgmm')")
   _nonneg_int("max_rows_per_expert", max_rows_per_expert)
   experts, ffn = check_expert_weights(rows, w_gate_up, w_down, activation, stacked=True)
   _int_array("group_sizes", group_sizes, 1, "(E,)")

@@ -232,6 +232,23 @@ class MoeTest(MoeTestBase):
     out = moe.moe_mlp(x, logits, w_gate_up, w_down, TOP_K, impl="ragged_dot")
     self.assert_close(out, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "ragged_dot impl")
 
+  def test_moe_mlp_fp8_impl(self):
+    # FP8 (e4m3: 3 mantissa bits, unit roundoff 2^-4) operands in both products: the result and every gradient
+    # follow the exact ones to FP8 rounding (measured 5-9% on three seeds), far from the O(1) error of a wrong product.
+    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    w_gate_up, w_down = self.weights()
+    proj = _normal(self.rng, H)
+    fp8_mlp = lambda *a: moe.moe_mlp(*a, TOP_K, impl="fp8")
+    out = jax.jit(fp8_mlp)(x, logits, w_gate_up, w_down)
+    self.assert_close(out, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "fp8 impl", 0.12)
+    loss = lambda fn: lambda *a: jnp.sum(jnp.tanh(fn(*a)) * proj)
+    got = jax.jit(jax.grad(loss(fp8_mlp), argnums=(0, 1, 2, 3)))(x, logits, w_gate_up, w_down)
+    want = jax.jit(jax.grad(loss(lambda *a: moe_reference(*a, TOP_K)), argnums=(0, 1, 2, 3)))(
+        x, logits, w_gate_up, w_down)
+    for g, r, name in zip(got, want, ("x", "router_logits", "w_gate_up", "w_down")):
+      self.assertEqual(g.dtype, r.dtype, name)
+      self.assert_close(g, r, f"fp8 impl d{name}", 0.15)
+
   def test_masked_layout_rows_past_max_rows_are_zero(self):
     rows = _normal(self.rng, 20, H)
     sizes = jnp.asarray([9, 0, 6, 5], jnp.int32)
@@ -323,6 +340,8 @@ class MoeValidationTest(MoeTestBase):
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, activation=None)),
         (ValueError, r"impl must be one of .*'cublas'",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="cublas")),
+        (ValueError, r"layout='masked' .*no impl='fp8'",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8", layout="masked")),
         (ValueError, r"layout='masked' .*no impl='ragged_dot'",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="ragged_dot", layout="masked")),
         (TypeError, r"shared_experts must be a pair",
@@ -488,12 +507,16 @@ class TrainExampleTest(absltest.TestCase):
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
     out_dir = self.enter_context(tempfile.TemporaryDirectory())
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "train_moe.py"), "--tiny", "--steps", "3",
+        [sys.executable, os.path.join(ROOT, "examples", "train_moe.py"), "--tiny", "--steps", "3", "--fp8",
          "--out", out_dir], env=env, capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
     self.assertIn("devices: 8", result.stdout)
     self.assertRegex(result.stdout, r"tokens/s")
     self.assertRegex(result.stdout, r"final loss [0-9.]+")
+    # The FP8 run follows the bf16 one: 3 steps from the same initialisation move the loss by ~0.05.
+    fp8_gap = re.search(r"fp8 vs jgmm: max \|loss difference\| ([0-9.e+-]+)", result.stdout)
+    self.assertIsNotNone(fp8_gap, result.stdout[-3000:])
+    self.assertLess(float(fp8_gap.group(1)), 0.02)
     self.assertTrue(os.path.exists(os.path.join(out_dir, "train_moe_loss.png")) or "matplotlib" in result.stdout)
 
 
