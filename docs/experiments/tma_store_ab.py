@@ -5,7 +5,8 @@ timed interleaved through backend_triton with precomputed bounds; outputs checke
 import dataclasses, functools, sys
 import jax, jax.numpy as jnp, numpy as np
 from jgmm import backend_triton, config_table
-from jgmm.bench import CASES, Inputs, time_interleaved, _jax_sync
+from jgmm.bench import CASES, Inputs
+from jgmm.timing import jax_sync, time_interleaved
 from jgmm.ops import group_bounds
 
 gpu = backend_triton._device()
@@ -29,7 +30,7 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
       ref = out if ref is None else ref
       print(f"{name} {op} {which} ({config}): rel diff vs table {np.linalg.norm(out - ref) / np.linalg.norm(ref):.2e}",
             flush=True)
-      fns[which] = (functools.partial(f, *args), _jax_sync)
+      fns[which] = (functools.partial(f, *args), jax_sync)
     ms = time_interleaved(fns, min_batch_s=0.05, batches=11)
     rows += [(name, op, which, t, ms["table"] / t) for which, t in ms.items()]
 print(f"\n{gpu.kind}\n| case | kernel | variant | ms | speedup vs table |\n|---|---|---|---|---|")
