@@ -420,7 +420,7 @@ def tune(args, todo, worker):
     return report
 
   precompiler = None
-  if args.jobs and device["triton"] and "triton" in args.backends:
+  if args.jobs > 0 and device["triton"] and "triton" in args.backends:
     precompiler = Precompiler(args.jobs, device["arch"], args.timeout, args.verbose, worker.command)
     for key, m in todo:
       precompiler.submit(key, m, key_candidates(key, args, device))
