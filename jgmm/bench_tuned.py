@@ -1,12 +1,12 @@
 """Benchmark: tuned dispatch (the tables) against the heuristic, per key and for a whole MoE layer. Needs a GPU.
 
-    python -m jgmm.bench_tuned [--table FILE] [--model-config CONFIG --ep N --tokens 1,16,...] [--out FILE]
+    python -m jgmm.bench_tuned [--table FILE] [--model-config CONFIG ... --ep 1,8 --tokens 1,16,...] [--out FILE]
 
-Per key: every entry of --table (default: the tables this GPU reads now, JGMM_CONFIG_FILES over the shipped one)
+Per key, the largest first, until --time-limit seconds (0: none): every entry of --table (default: the tables this GPU reads now, JGMM_CONFIG_FILES over the shipped one)
 timed interleaved against the heuristic's Triton config on the same inputs (jgmm.tune_worker.problem, M = rows *
 G); prints tuned us, heuristic us and their ratio, marks SLOWER where the tuned choice is slower beyond
 --noise, and the geomean of heuristic / tuned.
-Model level (--model-config): one MoE layer (gmm with swiglu up, gmm down; model_shapes.py's shapes) forward and
+Model level (--model-config, repeatable; each --ep): one MoE layer (gmm with swiglu up, gmm down; model_shapes.py's shapes) forward and
 forward+backward at each token count, compiled once with the tables (and --table) and once with the heuristic
 only, timed interleaved.
 """
@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import statistics
+import time
 from unittest import mock
 
 import jax
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import backend_triton, bench, config_table, model_shapes, timing, tune_worker
+from jgmm import backend_triton, bench, config_table, model_shapes, timing, tune, tune_worker
 
 
 @contextlib.contextmanager
@@ -34,10 +35,14 @@ def heuristic_only():
   config_table._select.cache_clear()
 
 
-def bench_keys(entries, arch, noise):
-  """[row] of each entry: tuned vs the heuristic's config, timed interleaved."""
-  rows = []
-  for entry in entries:
+def bench_keys(entries, arch, noise, time_limit=None):
+  """[row] of each entry, the largest (in flops) first: tuned vs the heuristic's config, timed interleaved; none
+  started after time_limit seconds."""
+  rows, start = [], time.monotonic()
+  for entry in sorted(entries, key=lambda e: -e.key.rows * e.key.g * e.key.k * e.key.n):
+    if time_limit is not None and time.monotonic() - start > time_limit:
+      print(f"| stopped at --time-limit {time_limit:.0f} s |")
+      break
     key = entry.key
     try:
       arrays, call, _ = tune_worker.problem(key, key.rows * key.g)
@@ -60,10 +65,13 @@ def bench_keys(entries, arch, noise):
   return rows
 
 
-def _layer(sizes):
+def layer_fns(sizes, dout):
+  """(forward, forward+backward) of one MoE layer (gmm with swiglu up, gmm down), jitted afresh: select() runs
+  while lowering and jax reuses a function's lowering, so the tables and the heuristic need functions each."""
   def layer(x, w_up, w_down):
     return jgmm.gmm(jgmm.gmm(x, w_up, sizes, activation="swiglu"), w_down, sizes)
-  return layer
+  loss = lambda x, a, b: jnp.vdot(layer(x, a, b).astype(jnp.float32), dout.astype(jnp.float32))
+  return jax.jit(layer), jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
 def bench_model(dims, ep, tokens):
@@ -80,13 +88,10 @@ def bench_model(dims, ep, tokens):
     w_down = (jax.random.normal(keys[2], (g, dims.intermediate, dims.hidden)) / np.sqrt(dims.intermediate)
               ).astype(jnp.bfloat16)
     dout = jax.random.normal(keys[3], (m, dims.hidden), jnp.bfloat16)
-    layer = _layer(sizes)
-    loss = lambda x, a, b: jnp.vdot(layer(x, a, b).astype(jnp.float32), dout.astype(jnp.float32))
-    fwd, fwd_bwd = jax.jit(layer), jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
     args = (x, w_up, w_down)
-    compiled = {"tuned": [f.lower(*args).compile() for f in (fwd, fwd_bwd)]}
+    compiled = {"tuned": [f.lower(*args).compile() for f in layer_fns(sizes, dout)]}
     with heuristic_only():
-      compiled["heuristic"] = [f.lower(*args).compile() for f in (fwd, fwd_bwd)]
+      compiled["heuristic"] = [f.lower(*args).compile() for f in layer_fns(sizes, dout)]
     row = {"tokens": t, "m": m, "g": g}
     for i, phase in enumerate(("fwd", "fwd_bwd")):
       ms = timing.time_interleaved({name: (lambda f=fns[i]: f(*args), timing.jax_sync)
@@ -103,9 +108,11 @@ def bench_model(dims, ep, tokens):
 def main(argv: list[str] | None = None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--table", help="a table file (jgmm-tune --output): its entries, and used by the model level")
-  p.add_argument("--model-config", help="a Hugging Face MoE config: also bench one layer at each --tokens")
-  p.add_argument("--ep", type=int, default=1)
-  p.add_argument("--tokens", type=lambda s: [int(t) for t in s.split(",")], default=[1, 16, 64, 256, 1024, 4096, 16384])
+  p.add_argument("--model-config", action="append", default=[],
+                 help="a Hugging Face MoE config: also bench one layer at each --tokens (repeatable)")
+  p.add_argument("--ep", type=tune.ints, default=[1], help="comma-separated: each is benched")
+  p.add_argument("--tokens", type=tune.ints, default=[1, 16, 64, 256, 1024, 4096, 16384])
+  p.add_argument("--time-limit", type=float, help="seconds after which no more keys start (0: the model level only)")
   p.add_argument("--noise", type=float, default=0.03, help="relative slowdown still counted as noise")
   p.add_argument("--out", default="bench_tuned.json", help="the JSON results file")
   args = p.parse_args(argv)
@@ -117,19 +124,20 @@ def main(argv: list[str] | None = None) -> None:
   entries = (config_table.read_table(args.table) if args.table else config_table.active_table(gpu.arch, gpu.kind))
   print(f"device: {jax.devices()[0].device_kind}; {len(entries)} table entries\n")
   print("| key | tuned backend | tuned us | heuristic us | heuristic / tuned |\n|---|---|---|---|---|")
-  keys = bench_keys(entries.values(), gpu.arch, args.noise)
+  keys = bench_keys(entries.values(), gpu.arch, args.noise, args.time_limit)
   speedups = [r["speedup"] for r in keys]
   if speedups:
     print(f"\ngeomean heuristic / tuned over {len(speedups)} keys: {statistics.geometric_mean(speedups):.3f}x; "
           f"slower than the heuristic beyond {args.noise:.0%}: {sum(r['slower'] for r in keys)}")
   model = []
-  if args.model_config:
-    with open(args.model_config) as f:
-      dims = model_shapes.moe_dims(json.load(f), args.model_config)
-    print(f"\nMoE layer {args.model_config} {dims}, ep {args.ep} (ms)\n")
-    print("| tokens | M | fwd tuned | fwd heuristic | fwd gain | fwd+bwd tuned | fwd+bwd heuristic | fwd+bwd gain |")
-    print("|---|---|---|---|---|---|---|---|")
-    model = bench_model(dims, args.ep, args.tokens)
+  for path in args.model_config:
+    with open(path) as f:
+      dims = model_shapes.moe_dims(json.load(f), path)
+    for ep in args.ep:
+      print(f"\nMoE layer {path} {dims}, ep {ep} (ms)\n")
+      print("| tokens | M | fwd tuned | fwd heuristic | fwd gain | fwd+bwd tuned | fwd+bwd heuristic | fwd+bwd gain |")
+      print("|---|---|---|---|---|---|---|---|")
+      model += [{"model_config": path, "ep": ep, **row} for row in bench_model(dims, ep, args.tokens)]
   with open(args.out, "w") as f:
     json.dump({"device": jax.devices()[0].device_kind, "keys": keys, "model": model}, f, indent=1)
   print(f"\nwrote {args.out}")

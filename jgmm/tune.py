@@ -1,6 +1,6 @@
 """jgmm-tune (also `python -m jgmm.tune`): tune the backend and kernel config of grouped-GEMM calls on this GPU.
 
-    jgmm-tune --model-config examples/models/mixtral-8x7b.json --ep 8 --tokens 1,16,64,256,1024,4096,16384
+    jgmm-tune --model-config examples/models/mixtral-8x7b.json --ep 1,8 --tokens 1,16,64,256,1024,4096,16384
     jgmm-tune --capture shapes.jsonl          # the keys a run with JGMM_CAPTURE_SHAPES=shapes.jsonl traced
     jgmm-tune --shape gmm,8192,4096,14336,8   # op,M,K,N,G (--dtype, --out-dtype)
 
@@ -8,24 +8,32 @@ Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every 
 --space, or --candidates FILE, plus the heuristic's config and the xla backend), then the --finalists fastest and
 the heuristic's config and the xla backend timed again interleaved, each checked against the xla backend's output:
 a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
-rejected. The fastest of the rest is the entry, "xla" where the portable backend is the fastest. Results go to
+rejected. The fastest of the rest is the entry, "xla" where the portable backend is the fastest, unless the
+heuristic's config is within --min-gain of it: then the heuristic's config is the entry (so that a table never
+picks a config slower than the heuristic beyond noise, and the key counts as tuned). Results go to
 --output (default: ./<the table name this GPU reads>, e.g. sm90-nvidia_h200.json), rewritten atomically after each
 key: killing the tuner loses no finished key, and rerunning resumes (keys in --output, or with an exact entry in
 the tables select() reads now, are skipped unless --all). Use the file with JGMM_CONFIG_FILES=path, or ship it in
-configs/.
+configs/. Keys are tuned largest (in flops) first; --time-limit SECONDS starts no key that would end past that
+budget (judged by the longest key so far), so that a run bounded in time stops cleanly and the next resumes.
 
 Candidates run in a worker process (jgmm.tune_worker): one that runs longer than --timeout seconds (a hang) or
-kills the worker (a crash) is reported and skipped, and a fresh worker goes on. On a machine without a GPU, the
-xla backend runs (and Triton's interpreter under TRITON_INTERPRET=1), so the loop runs end to end on a CPU.
+kills the worker (a crash) is reported and skipped, and a fresh worker goes on. Timing is serial (one candidate at
+a time on the GPU) but compiling is not: --jobs worker processes without a GPU (Precompiler) compile the Triton
+candidates of the keys ahead into Triton's on-disk cache meanwhile; one that fails there is not screened. On a
+machine without a GPU, the xla backend runs (and Triton's interpreter under TRITON_INTERPRET=1), so the loop runs
+end to end on a CPU.
 """
 import argparse
 import dataclasses
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from jgmm import capture, config_table, model_shapes
@@ -86,13 +94,14 @@ class WorkerFailed(Exception):
 class Worker:
   """A jgmm.tune_worker process; restarted after a failure."""
 
-  def __init__(self, verbose, start_timeout_s=600, command=(sys.executable, "-m", "jgmm.tune_worker")):
-    self.verbose, self.start_timeout_s, self.command = verbose, start_timeout_s, list(command)
+  def __init__(self, verbose, start_timeout_s=600, command=(sys.executable, "-m", "jgmm.tune_worker"), env=None):
+    self.verbose, self.start_timeout_s, self.command, self.env = verbose, start_timeout_s, list(command), env
     self.proc = self.device = None
 
   def start(self):
     self.log = None if self.verbose else tempfile.TemporaryFile()
-    self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+    self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                 env=self.env)
     self.buffer = b""
     self.device = self._read(self.start_timeout_s, -1)
 
@@ -144,9 +153,64 @@ class Worker:
         yield event
 
 
-def _screen(worker, key, m, cands, args, report):
-  """{candidate index: us} of the candidates that ran; failures are reported."""
-  timings, todo = {}, list(range(len(cands)))
+class Precompiler:
+  """Compiles the Triton candidates of the keys ahead in `jobs` worker processes without a GPU (JAX_PLATFORMS=cpu,
+  JGMM_TARGET=the GPU's architecture) while the timing worker times others: each lowers a candidate, which
+  writes its kernel to Triton's on-disk cache, where the timing worker finds it. A candidate that fails to compile,
+  hangs (timeout_s) or kills its process is not screened. command: the worker's (Worker)."""
+
+  def __init__(self, jobs, arch, timeout_s, verbose, command):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    self.platforms = None  # The interpreter's (arch None): lower for the CPU.
+    if arch:
+      self.platforms = ["rocm"] if arch.startswith("gfx") else ["cuda"]
+      env["JGMM_TARGET"] = f"rocm:{arch}" if arch.startswith("gfx") else f"cuda:{arch.removeprefix('sm')}"
+    self.timeout_s, self.tasks, self.results, self.changed = timeout_s, queue.Queue(), {}, threading.Condition()
+    self.workers = [Worker(verbose, command=command, env=env) for _ in range(jobs)]
+    self.threads = [threading.Thread(target=self._loop, args=(w,), daemon=True) for w in self.workers]
+    for thread in self.threads:
+      thread.start()
+
+  def submit(self, key, m, cands):
+    """Queues the Triton candidates of key (compiled in the order submitted)."""
+    for cand in cands:
+      if cand["backend"] == "triton":
+        self.tasks.put((key, m, cand))
+
+  def _loop(self, worker):
+    while (task := self.tasks.get()) is not None:
+      key, m, cand = task
+      job = {"phase": "compile", "key": key._asdict(), "m": m, "candidates": [cand], "seconds": 0,
+             "platforms": self.platforms}
+      try:
+        (event,) = worker.run(job, self.timeout_s)
+      except WorkerFailed as failed:
+        event = {"error": f"compiling: {failed}"}
+      with self.changed:
+        self.results[key, json.dumps(cand)] = event
+        self.changed.notify_all()
+    worker.stop()
+
+  def wait(self, key, cands, timeout_s):
+    """{candidate index: compile event} of key's Triton candidates, waiting at most timeout_s for them."""
+    ids = {i: (key, json.dumps(c)) for i, c in enumerate(cands) if c["backend"] == "triton"}
+    with self.changed:
+      self.changed.wait_for(lambda: all(id in self.results for id in ids.values()), timeout_s)
+      return {i: self.results.pop(id) for i, id in ids.items() if id in self.results}
+
+  def stop(self):
+    """Drops the queued candidates, lets each process finish the one it compiles, and ends them."""
+    with self.tasks.mutex:
+      self.tasks.queue.clear()
+    for _ in self.threads:
+      self.tasks.put(None)
+    for thread in self.threads:
+      thread.join()
+
+
+def _screen(worker, key, m, cands, todo, args, report):
+  """{candidate index: us} of the candidates of indices todo that ran; failures are reported."""
+  timings = {}
   while todo:
     job = {"phase": "screen", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in todo],
            "seconds": args.screen_s}
@@ -166,12 +230,22 @@ def _screen(worker, key, m, cands, args, report):
   return timings
 
 
-def tune_key(worker, key, m, args, report):
-  """The Entry for key (None if no candidate ran correctly)."""
-  arch = worker.device["arch"]
+def key_candidates(key, args, device):
+  """candidates() of key for args on the worker's device."""
   configs = args.candidates or candidate_space(key, args.space)
-  cands = candidates(key, configs, arch, args.backends if worker.device["triton"] else ["xla"])
-  timings = _screen(worker, key, m, cands, args, report)
+  return candidates(key, configs, device["arch"], args.backends if device["triton"] else ["xla"])
+
+
+def tune_key(worker, key, m, args, report, precompiler=None):
+  """The Entry for key (None if no candidate ran correctly). With a precompiler (that key's candidates were
+  submitted to), candidates that failed to compile there are reported and not screened."""
+  cands = key_candidates(key, args, worker.device)
+  # Each compile ends within args.timeout (a hang is killed): the bound only guards against a dead thread.
+  compiled = precompiler.wait(key, cands, args.timeout * (len(cands) + 1)) if precompiler else {}
+  for i, event in compiled.items():
+    report("compile", cands[i], event)
+  timings = _screen(worker, key, m, cands, [i for i in range(len(cands)) if "error" not in compiled.get(i, {})],
+                    args, report)
   if not timings:
     return None
   # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
@@ -188,13 +262,17 @@ def tune_key(worker, key, m, args, report):
         event = {**event, "error": f"max_rel_err {event['max_rel_err']:.3g} > {bound:.3g}"}
       report("final", cand, event)
       if "error" not in event:
-        results.append((event["us"], cand, event))
+        results.append((event["us"], finalists[event["i"]], event))
   except WorkerFailed as failed:
     report("final", None, {"error": f"final phase: {failed}"})
     return None
   if not results:
     return None
-  us, cand, event = min(results, key=lambda r: r[0])
+  us, best, event = min(results, key=lambda r: r[:2])
+  heuristic = [r for r in results if r[1] == 0 and cands[0]["backend"] == "triton"]
+  if heuristic and heuristic[0][0] <= us * (1 + args.min_gain):  # Not faster beyond noise: keep the heuristic's.
+    us, best, event = heuristic[0]
+  cand = cands[best]
   device = worker.device
   return config_table.Entry(key, cand["backend"], Config(**cand["config"]) if "config" in cand else None, us=us,
                             tflops=event["tflops"], max_rel_err=event["max_rel_err"], gpu=device["gpu"],
@@ -224,10 +302,11 @@ def calls(args):
         raise SystemExit(f"{path}: line {i + 1}: not a jgmm key: {e}") from None
       found.append((key, key.rows * key.g))
   found += [_parse_shape(s, args.dtype, args.out_dtype) for s in args.shape]
-  if args.model_config:
-    with open(args.model_config) as f:
-      dims = model_shapes.moe_dims(json.load(f), args.model_config)
-    found += model_shapes.layer_calls(dims, args.ep, args.tokens, args.dtype)
+  for path in args.model_config:
+    with open(path) as f:
+      dims = model_shapes.moe_dims(json.load(f), path)
+    for ep in args.ep:
+      found += model_shapes.layer_calls(dims, ep, args.tokens, args.dtype)
   unique = {}
   for key, m in found:
     if key.op in args.ops:
@@ -252,6 +331,11 @@ def _progress(total):
   return tqdm(total=total, unit="key", dynamic_ncols=True)
 
 
+def ints(text):
+  """[int] of a comma-separated list ("1,8")."""
+  return [int(t) for t in text.split(",")]
+
+
 def _read_configs(path):
   with open(path) as f:
     return [Config(**fields) for fields in json.load(f)]
@@ -262,9 +346,11 @@ def parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--capture", action="append", default=[], help="a JGMM_CAPTURE_SHAPES file (repeatable)")
   p.add_argument("--shape", action="append", default=[], help="op,M,K,N,G (repeatable)")
-  p.add_argument("--model-config", help="a Hugging Face MoE model's config.json (jgmm/model_shapes.py)")
-  p.add_argument("--ep", type=int, default=1, help="expert parallelism: devices the experts are spread over")
-  p.add_argument("--tokens", type=lambda s: [int(t) for t in s.split(",")], default=[1, 16, 64, 256, 1024, 4096, 16384],
+  p.add_argument("--model-config", action="append", default=[],
+                 help="a Hugging Face MoE model's config.json (jgmm/model_shapes.py; repeatable)")
+  p.add_argument("--ep", type=ints, default=[1],
+                 help="expert parallelism: devices the experts are spread over, comma-separated (each is tuned)")
+  p.add_argument("--tokens", type=ints, default=[1, 16, 64, 256, 1024, 4096, 16384],
                  help="tokens per device, comma-separated")
   p.add_argument("--dtype", default="bfloat16", help="--shape/--model-config inputs' dtype (numpy name)")
   p.add_argument("--out-dtype", default=None, help="--shape outputs' dtype (default --dtype)")
@@ -284,6 +370,12 @@ def parse_args(argv):
                  help="reject a candidate whose error vs the xla backend exceeds this x the dtype's unit roundoff")
   p.add_argument("--screen-s", type=float, default=0.01, help="seconds per screening batch")
   p.add_argument("--final-s", type=float, default=0.05, help="seconds per final-phase batch")
+  p.add_argument("--min-gain", type=float, default=0.01,
+                 help="keep the heuristic's config (as the entry) unless the best is faster by more than this")
+  p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                 help="processes compiling the candidates of the keys ahead while one is timed (0: none)")
+  p.add_argument("--time-limit", type=float,
+                 help="seconds: start no key that would end past them (by the longest key so far); rerun to resume")
   args = p.parse_args(argv)
   args.out_dtype = args.out_dtype or args.dtype
   if not (args.capture or args.shape or args.model_config):
@@ -302,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def tune(args, todo, worker):
-  """Tunes the (Key, M) pairs of todo with worker, writing args.output after each."""
+  """Tunes the (Key, M) pairs of todo with worker, the largest (in flops) first, writing args.output after each;
+  with args.jobs, a Precompiler compiles the candidates of the keys ahead."""
+  start = time.monotonic()
   worker.start()
   device = worker.device
   output = args.output or config_table.table_files(device["arch"] or device["platform"], device["kind"])[0]
@@ -310,7 +404,7 @@ def tune(args, todo, worker):
   comment = _comment(output)
   tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
   skipped = [key for key, _ in todo if key in tuned and not args.all]
-  todo = [(key, m) for key, m in todo if key not in skipped]
+  todo = sorted(((key, m) for key, m in todo if key not in skipped), key=lambda km: -km[1] * km[0].k * km[0].n)
   print(f"jgmm-tune on {device['gpu']} ({device['platform']}): {len(todo)} keys to tune, {len(skipped)} already "
         f"tuned{' (--all retunes them)' if skipped else ''}; writing {output}", flush=True)
   profile = open(args.profile_file, "a", buffering=1) if args.profile_file else None
@@ -325,25 +419,43 @@ def tune(args, todo, worker):
         (bar.write if bar else print)(json.dumps(record))
     return report
 
-  for key, m in todo:
+  precompiler = None
+  if args.jobs > 0 and device["triton"] and "triton" in args.backends:
+    precompiler = Precompiler(args.jobs, device["arch"], args.timeout, args.verbose, worker.command)
+    for key, m in todo:
+      precompiler.submit(key, m, key_candidates(key, args, device))
+  done, longest = 0, 0.0
+  try:
+    for key, m in todo:
+      if args.time_limit is not None and time.monotonic() - start + longest > args.time_limit:
+        break
+      key_start = time.monotonic()
+      if bar:
+        bar.set_description(str(key))
+      entry = tune_key(worker, key, m, args, reporter(key), precompiler)
+      longest = max(longest, time.monotonic() - key_start)
+      if entry is None:
+        best = "no candidate ran correctly; not written"
+      else:
+        done += 1
+        table[key] = entry
+        config_table.write_table(output, table.values(), comment)
+        best = f"{entry.backend} {entry.us:.1f} us {entry.tflops:.2f} TFLOP/s {entry.config or ''}"
+      if bar:
+        bar.set_postfix_str(f"last: {best}")
+        bar.update()
+      else:
+        print(f"{key}: {best}", flush=True)
+  finally:
     if bar:
-      bar.set_description(str(key))
-    entry = tune_key(worker, key, m, args, reporter(key))
-    if entry is None:
-      best = "no candidate ran correctly; not written"
-    else:
-      table[key] = entry
-      config_table.write_table(output, table.values(), comment)
-      best = f"{entry.backend} {entry.us:.1f} us {entry.tflops:.2f} TFLOP/s {entry.config or ''}"
-    if bar:
-      bar.set_postfix_str(f"last: {best}")
-      bar.update()
-    else:
-      print(f"{key}: {best}", flush=True)
-  if bar:
-    bar.close()
-  if profile:
-    profile.close()
+      bar.close()
+    if precompiler:
+      precompiler.stop()
+    if profile:
+      profile.close()
+  total = len(skipped) + len(todo)
+  print(f"tuned {len(skipped) + done} of {total} keys{'' if len(skipped) + done == total else '; rerun to resume'}"
+        f" ({time.monotonic() - start:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,13 @@ every job with JSON lines on stdout: {"event": "start", "i": i} before candidate
 tell which one hangs), {"event": "result", "i": i, "us": ..., "max_rel_err": ..., "error": ...} after it, then
 {"event": "done"}. Anything else the process prints goes to stderr.
 
-A job: {"phase": "screen" | "final", "key": Key fields, "m": total rows, "candidates": [{"backend": "triton",
-"config": Config fields} | {"backend": "xla"}], "seconds": the batch length to time with}.
-  screen: each candidate in turn, a short timing (jgmm.timing.time_ms: 3 batches).
+A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total rows, "candidates": [{"backend":
+"triton", "config": Config fields} | {"backend": "xla"}], "seconds": the batch length to time with, "platforms":
+(compile) the platforms to lower for, e.g. ["cuda"] with JGMM_TARGET set, or null: the default}.
+  compile: each candidate lowered on abstract inputs (so its Triton kernel compiled, into Triton's on-disk cache,
+    which the timing worker then reads); nothing runs, so a process without a GPU can do it.
+  screen: each candidate in turn: its first call (compile and run: "first_s" seconds), then a short timing
+    (jgmm.timing.time_ms: 3 batches).
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
     then all timed interleaved (jgmm.timing.time_interleaved: 7 rounds).
 Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing).
@@ -17,6 +21,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -43,32 +48,33 @@ def device():
   return info
 
 
-def problem(key, m, seed=0):
-  """(arrays, call(backend, config) -> a jitted function of the arrays, flops) of one key with m total rows."""
+def problem(key, m, seed=0, abstract=False):
+  """(arrays, call(backend, config) -> a jitted function of the arrays, flops) of one key with m total rows.
+  abstract: the arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated)."""
   if key.op not in ("gmm", "gmm_t", "tgmm", "masked") or {key.in_dtype, key.out_dtype} - set(_DTYPES):
     raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} yet")
   dtype, out_dtype = _DTYPES[key.in_dtype], _DTYPES[key.out_dtype]
   g, k, n = key.g, key.k, key.n
-  keys = iter(jax.random.split(jax.random.key(seed), 4))
+  keys = iter(list(jax.random.split(jax.random.key(seed), 4)))
   normal = lambda shape, scale=1.0: (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+  build = jax.eval_shape if abstract else lambda make: make()
   flops = 2 * m * k * n
   if key.op == "masked":
-    x, w = normal((g, m // g, k), k**-0.5), normal((g, n, k))
-    masked_m = jnp.full((g,), m // g, jnp.int32)
-    return (x, w, masked_m), lambda backend, config: jax.jit(lambda x, w, mm: jgmm.masked_gmm(
+    arrays = build(lambda: (normal((g, m // g, k), k**-0.5), normal((g, n, k)), jnp.full((g,), m // g, jnp.int32)))
+    return arrays, lambda backend, config: jax.jit(lambda x, w, mm: jgmm.masked_gmm(
         x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops
-  sizes = jnp.asarray(bench.group_sizes(m, g, seed))
+  sizes = bench.group_sizes(m, g, seed)
   if key.op == "tgmm":
-    lhs, rhs = normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n))
-    existing = normal((g, k, n)).astype(out_dtype) if key.accumulate else None
-    return (lhs, rhs, sizes, existing), lambda backend, config: jax.jit(lambda lhs, rhs, sizes, existing: jgmm.tgmm(
+    arrays = build(lambda: (normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n)), jnp.asarray(sizes),
+                            normal((g, k, n)).astype(out_dtype) if key.accumulate else None))
+    return arrays, lambda backend, config: jax.jit(lambda lhs, rhs, sizes, existing: jgmm.tgmm(
         lhs, rhs, sizes, transpose_lhs=key.transpose, preferred_element_type=out_dtype, existing_out=existing,
         bias_grad=key.bias, config=config, backend=backend)), flops
   n_out = n // 2 if key.activation == "swiglu" else n
-  lhs, rhs = normal((m, k), k**-0.5), normal((g, n, k) if key.transpose else (g, k, n))
-  bias = normal((g, n)) if key.bias else None
-  existing = normal((m, n_out)).astype(out_dtype) if key.accumulate else None
-  return (lhs, rhs, sizes, bias, existing), lambda backend, config: jax.jit(
+  arrays = build(lambda: (normal((m, k), k**-0.5), normal((g, n, k) if key.transpose else (g, k, n)),
+                          jnp.asarray(sizes), normal((g, n)) if key.bias else None,
+                          normal((m, n_out)).astype(out_dtype) if key.accumulate else None))
+  return arrays, lambda backend, config: jax.jit(
       lambda lhs, rhs, sizes, bias, existing: jgmm.gmm(
           lhs, rhs, sizes, bias=bias, transpose_rhs=key.transpose, preferred_element_type=out_dtype,
           existing_out=existing, activation=key.activation, config=config, backend=backend)), flops
@@ -91,9 +97,9 @@ def _config(candidate):
 class _Problem:
   """One key's inputs and its jitted calls, kept from the screen to the final phase (compiled once)."""
 
-  def __init__(self, key, m):
-    self.id = (key, m)
-    self.arrays, self._call, self.flops = problem(key, m)
+  def __init__(self, key, m, abstract):
+    self.id = (key, m, abstract)
+    self.arrays, self._call, self.flops = problem(key, m, abstract=abstract)
     self._fns = {}
 
   def call(self, backend, config):
@@ -109,10 +115,11 @@ def run_job(job, emit):
   """Answers one job (module docstring) through emit(dict)."""
   global _current
   key = config_table.Key(**job["key"])
-  if _current is None or _current.id != (key, job["m"]):
+  abstract = job["phase"] == "compile"
+  if _current is None or _current.id != (key, job["m"], abstract):
     _current = None  # Frees the last key's arrays first.
     try:
-      _current = _Problem(key, job["m"])
+      _current = _Problem(key, job["m"], abstract)
     except ValueError as e:  # an op the tuner cannot time: every candidate fails
       for i in range(len(job["candidates"])):
         emit({"event": "result", "i": i, "error": str(e)})
@@ -120,13 +127,25 @@ def run_job(job, emit):
       return
   arrays, call, flops = _current.arrays, _current.call, _current.flops
   candidates, seconds = job["candidates"], job["seconds"]
-  if job["phase"] == "screen":
+  if job["phase"] == "compile":
+    for i, candidate in enumerate(candidates):
+      emit({"event": "start", "i": i})
+      try:
+        platforms = job["platforms"] and tuple(job["platforms"])
+        call(candidate["backend"], _config(candidate)).trace(*arrays).lower(lowering_platforms=platforms)
+        emit({"event": "result", "i": i, "compiled": True})
+      except Exception as e:
+        emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+  elif job["phase"] == "screen":
     for i, candidate in enumerate(candidates):
       emit({"event": "start", "i": i})
       try:
         fn = call(candidate["backend"], _config(candidate))
+        start = time.perf_counter()
+        timing.jax_sync(fn(*arrays))
+        first_s = time.perf_counter() - start
         us = 1e3 * timing.time_ms(lambda: fn(*arrays), timing.jax_sync, min_batch_s=seconds, batches=3)
-        emit({"event": "result", "i": i, "us": us, "tflops": flops / us / 1e6})
+        emit({"event": "result", "i": i, "us": us, "tflops": flops / us / 1e6, "first_s": first_s})
       except Exception as e:  # A candidate that does not compile or run is reported and skipped.
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
   else:

@@ -1,13 +1,16 @@
-"""jgmm.bench's plot (CPU): written where it says, or a line saying why none was written."""
+"""jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
+model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU)."""
 import os
 import sys
 import tempfile
 from unittest import mock
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench
+from jgmm import bench, bench_tuned, config_table
 
 
 def _results():
@@ -32,6 +35,25 @@ class PlotTest(absltest.TestCase):
     self.assertIn("matplotlib is not installed", message)
     self.assertIn("jgmm[bench]", message)
     self.assertFalse(os.path.exists(path))
+
+
+class BenchTunedTest(absltest.TestCase):
+
+  def test_the_model_level_compares_the_tables_with_the_heuristic(self):
+    path = os.path.join(self.enter_context(tempfile.TemporaryDirectory()), "table.json")
+    m, g, h, i = 64, 4, 64, 32
+    up = config_table.make_key("gmm", "bfloat16", "bfloat16", m / g, h, 2 * i, g, activation="swiglu")
+    config_table.write_table(path, [config_table.Entry(up, "xla", None)])  # the up projection: the xla backend
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90", "JGMM_CONFIG_FILES": path}))
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    args = (bf16(m, h), bf16(g, h, 2 * i), bf16(g, i, h))
+    sizes, dout = jnp.full((g,), m // g, jnp.int32), jnp.zeros((m, h), jnp.bfloat16)
+    kernels = lambda: [f.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count("triton_kernel_call")
+                       for f in bench_tuned.layer_fns(sizes, dout)]
+    tuned = kernels()
+    with bench_tuned.heuristic_only():
+      heuristic = kernels()
+    self.assertEqual([t + 1 for t in tuned], heuristic)  # forward and forward+backward: one Triton kernel fewer
 
 
 if __name__ == "__main__":

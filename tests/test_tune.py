@@ -1,5 +1,6 @@
 """jgmm-tune on the CPU: model-config shapes per family, the tuner's choice with candidates that hang, crash, fail
 or are wrong (a scripted worker), and a real tuner killed mid-run that resumes."""
+import io
 import json
 import os
 import shutil
@@ -77,9 +78,18 @@ class ModelShapesTest(absltest.TestCase):
     self.assertEqual({k.op for k, _ in calls}, {"gmm", "masked"})
     self.assertLen(calls, 2 + 2 + 4)  # capture, one --shape (the other repeats its key), mixtral's gmm and masked
 
+  def test_model_configs_repeat_and_ep_takes_a_list(self):
+    paths = [os.path.join(EXAMPLES, name) for name in ("mixtral-8x7b.json", "qwen3-30b-a3b.json")]
+    args = tune.parse_args(["--model-config", paths[0], "--model-config", paths[1], "--ep", "1,8", "--tokens", "64"])
+    want = {k for path in paths for ep in (1, 8)
+            for k, _ in model_shapes.layer_calls(model_shapes.moe_dims(json.load(open(path))), ep, [64])}
+    self.assertEqual({k for k, _ in tune.calls(args)}, want)
+    self.assertEqual({k.g for k in want}, {8, 1, 128, 16})  # both families at both ep
 
-# A scripted worker: candidate block_m 32 hangs, 64 crashes the process, 128 fails to compile; screened time = block_n
-# (xla: FAKE_XLA_US); in the final phase block_n 16 is wrong (max_rel_err 0.5).
+
+# A scripted worker: candidate block_m 32 hangs, 64 crashes the process, 128 fails to compile (in the compile phase
+# too); screened time = block_n (xla: FAKE_XLA_US); in the final phase block_n 16 is wrong (max_rel_err 0.5), and
+# the phase takes FAKE_FINAL_S seconds.
 _FAKE_WORKER = textwrap.dedent("""
     import json, os, sys, time
     def emit(obj):
@@ -91,7 +101,16 @@ _FAKE_WORKER = textwrap.dedent("""
           "triton_version": "9.9", "jgmm_version": "0.0"})
     for line in sys.stdin:
       job = json.loads(line)
-      if job["phase"] == "screen":
+      if job["phase"] == "compile":
+        for i, c in enumerate(job["candidates"]):
+          emit({"event": "start", "i": i})
+          block_m = c["config"]["block_m"]
+          if block_m == 32:
+            time.sleep(60)
+          if block_m == 64:
+            os._exit(3)
+          emit({"event": "result", "i": i, **({"error": "CompileError"} if block_m == 128 else {"compiled": True})})
+      elif job["phase"] == "screen":
         for i, c in enumerate(job["candidates"]):
           emit({"event": "start", "i": i})
           block_m = c.get("config", {}).get("block_m")
@@ -105,6 +124,7 @@ _FAKE_WORKER = textwrap.dedent("""
             emit({"event": "result", "i": i, "us": us(c), "tflops": 1.0})
       else:
         emit({"event": "start", "i": -1})
+        time.sleep(float(os.environ.get("FAKE_FINAL_S", 0)))
         for i, c in enumerate(job["candidates"]):
           wrong = c["backend"] == "triton" and c["config"]["block_n"] == 16
           emit({"event": "result", "i": i, "us": us(c), "tflops": 2.0, "max_rel_err": 0.5 if wrong else 1e-4})
@@ -127,14 +147,23 @@ class TunerChoiceTest(absltest.TestCase):
     self.args = tune.parse_args(["--shape", "gmm,64,32,48,4", "--timeout", "1.5", "--candidates", path])
     self.key, self.m = tune.calls(self.args)[0]
 
-  def run_tuner(self, xla_us):
-    os.environ["FAKE_XLA_US"] = str(xla_us)
-    self.addCleanup(os.environ.pop, "FAKE_XLA_US")
+  def worker(self, xla_us, final_s=0):
+    self.enter_context(mock.patch.dict(os.environ, {"FAKE_XLA_US": str(xla_us), "FAKE_FINAL_S": str(final_s)}))
     worker = tune.Worker(verbose=False, command=[sys.executable, "-c", _FAKE_WORKER])
     self.addCleanup(worker.stop)
+    return worker
+
+  def run_tuner(self, xla_us, jobs=0):
+    worker = self.worker(xla_us)
     worker.start()
+    precompiler = None
+    if jobs:
+      precompiler = tune.Precompiler(jobs, None, self.args.timeout, False, worker.command)
+      self.addCleanup(precompiler.stop)
+      precompiler.submit(self.key, self.m, tune.key_candidates(self.key, self.args, worker.device))
     reports = []
-    entry = tune.tune_key(worker, self.key, self.m, self.args, lambda phase, c, e: reports.append((phase, c, e)))
+    entry = tune.tune_key(worker, self.key, self.m, self.args, lambda phase, c, e: reports.append((phase, c, e)),
+                          precompiler)
     return entry, reports
 
   def test_hangs_crashes_and_failures_are_skipped_and_wrong_results_rejected(self):
@@ -154,6 +183,45 @@ class TunerChoiceTest(absltest.TestCase):
   def test_xla_wins_where_faster(self):
     entry, _ = self.run_tuner(xla_us=5)
     self.assertEqual((entry.backend, entry.config, entry.us), ("xla", None, 5.0))
+
+  def test_candidates_that_fail_to_compile_ahead_are_not_screened(self):
+    entry, reports = self.run_tuner(xla_us=1000, jobs=2)
+    self.assertEqual((entry.backend, entry.config), ("triton", Config(16, 32, 16, 4, 2)))
+    errors = {c["config"]["block_m"]: e["error"] for phase, c, e in reports if phase == "compile" and "error" in e}
+    self.assertRegex(errors[32], "compiling: timed out after 2 s")
+    self.assertRegex(errors[64], r"compiling: the worker died \(exit status 3\)")
+    self.assertEqual(errors[128], "CompileError")
+    screened = [c for phase, c, _ in reports if phase == "screen"]
+    self.assertTrue(screened and all(c.get("config", {}).get("block_m") not in errors for c in screened))
+    compiled = [c for phase, c, e in reports if phase == "compile" and e.get("compiled")]
+    self.assertEqual(compiled, [c for c in screened if c["backend"] == "triton"])
+
+  def test_min_gain_keeps_the_heuristic_unless_beaten_beyond_it(self):
+    self.args.min_gain = 3.0  # block_n 32 (32 us) is not 4x faster than the heuristic's block_n 128 (128 us)
+    heuristic = config_table.heuristic_config(self.key, None)
+    self.assertEqual(heuristic.block_n, 128)
+    entry, _ = self.run_tuner(xla_us=1000)
+    self.assertEqual((entry.backend, entry.config, entry.us), ("triton", heuristic, 128.0))
+    entry, _ = self.run_tuner(xla_us=5)  # 25x faster
+    self.assertEqual((entry.backend, entry.us), ("xla", 5.0))
+
+  def test_time_limit_stops_before_a_key_and_a_rerun_resumes_largest_first(self):
+    output = os.path.join(self.dir, "table.json")
+    self.args = tune.parse_args(["--shape", "gmm,64,32,48,4", "--shape", "gmm,64,32,96,4", "--output", output,
+                                 "--candidates", os.path.join(self.dir, "candidates.json"), "--timeout", "1.5",
+                                 "--jobs", "0", "--time-limit", "1.5"])
+    todo = tune.calls(self.args)
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      tune.tune(self.args, todo, self.worker(xla_us=1000, final_s=1.0))  # each key takes over 1 s
+    self.assertIn("tuned 1 of 2 keys; rerun to resume", out.getvalue())
+    (first,) = config_table.read_table(output)
+    self.assertEqual(first.n, 96)  # the larger key first
+    self.args.time_limit = None
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      tune.tune(self.args, todo, self.worker(xla_us=1000))
+    self.assertIn("1 keys to tune, 1 already tuned", out.getvalue())
+    self.assertIn("tuned 2 of 2 keys (", out.getvalue())
+    self.assertLen(config_table.read_table(output), 2)
 
 
 class CandidatesTest(absltest.TestCase):
@@ -197,6 +265,19 @@ class WorkerTest(absltest.TestCase):
     self.assertLess(results[0]["max_rel_err"], 1e-5)  # Triton's interpreter against the xla backend
     self.assertEqual(results[1]["max_rel_err"], 0.0)
     self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
+
+  def test_the_compile_phase_lowers_for_the_gpu_without_one(self):
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
+    key = config_table.make_key("gmm", "bfloat16", "bfloat16", 64, 64, 128, 2)
+    good = {"block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3}
+    events = []
+    tune_worker.run_job({"phase": "compile", "key": key._asdict(), "m": 128, "seconds": 0, "platforms": ["cuda"],
+                         "candidates": [{"backend": "triton", "config": good},
+                                        {"backend": "triton", "config": {**good, "block_k": 2}}]}, events.append)
+    results = {e["i"]: e for e in events if e["event"] == "result"}
+    self.assertEqual(results[0], {"event": "result", "i": 0, "compiled": True})
+    self.assertIn("block_k must be a power of two", results[1]["error"])  # reported, not raised
+    self.assertEqual(events[-1], {"event": "done"})
 
 
 class ResumeTest(absltest.TestCase):
