@@ -1,4 +1,6 @@
-"""jgmm.bench's plot (CPU): written where it says, or a line saying why none was written."""
+"""jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; a jgmm.bench_hetero FP8
+case on the CPU (tiny shapes, one short timing batch)."""
+import functools
 import os
 import sys
 import tempfile
@@ -7,7 +9,7 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench
+from jgmm import bench, bench_hetero, timing
 
 
 def _results():
@@ -32,6 +34,18 @@ class PlotTest(absltest.TestCase):
     self.assertIn("matplotlib is not installed", message)
     self.assertIn("jgmm[bench]", message)
     self.assertFalse(os.path.exists(path))
+
+
+class HeteroFp8CaseTest(absltest.TestCase):
+
+  def test_fp8_case_against_bf16_jgmm_and_the_dot_loop(self):
+    fast = functools.partial(timing.time_interleaved, min_batch_s=1e-4, batches=1)
+    with mock.patch.object(bench_hetero, "time_interleaved", fast):
+      result = bench_hetero.bench_case("tiny" + bench_hetero.FP8_SUFFIX, [(8, 16, 130), (3, 5, 7)])
+    self.assertEqual(set(result["ms"]), {"jgmm", "jgmm_bf16", "dot_loop"})
+    self.assertLess(result["rel_err_vs_xla"], 0.1)  # FP8's quantisation error, ~3e-2
+    self.assertGreater(result["rel_err_vs_xla"], 1e-3)  # not the bf16 product
+    self.assertEqual(bench_hetero.CASES["prefill16-fp8"], bench_hetero.CASES["prefill16"])
 
 
 if __name__ == "__main__":
