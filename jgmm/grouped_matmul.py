@@ -102,12 +102,19 @@ def grouped_matmul(lhs_list: Sequence[jax.Array], rhs_list: Sequence[jax.Array],
 # The primitive
 
 
-def _split(operands, scaled=False):
-  """(lhs, rhs) lists of the operands, or (lhs, lhs_scales, rhs, rhs_scales) if scaled: P operands each. Unscaled,
-  or halves of a scaled call's operands: its lhs side (lhs and lhs_scales) and its rhs side."""
-  parts = 4 if scaled else 2
-  p = len(operands) // parts
-  return [operands[i * p:(i + 1) * p] for i in range(parts)]
+def _split(operands):
+  """The halves of the operands: lhs and rhs, or for a scaled call its lhs side (lhs, lhs_scales) and rhs side."""
+  return operands[:len(operands) // 2], operands[len(operands) // 2:]
+
+
+def _unpack(operands, scaled):
+  """(lhs, rhs, scales) lists of P operands, scales = (lhs_scales, rhs_scales) if scaled else None."""
+  lhs_side, rhs_side = _split(operands)
+  if not scaled:
+    return lhs_side, rhs_side, None
+  lhs, lhs_scales = _split(lhs_side)
+  rhs, rhs_scales = _split(rhs_side)
+  return lhs, rhs, (lhs_scales, rhs_scales)
 
 
 def _problem_shape(lhs_shape, rhs_shape, transpose_lhs, transpose_rhs):
@@ -125,7 +132,7 @@ grouped_matmul_p.def_impl(lambda *args, **params: dispatch.apply_primitive(group
 @grouped_matmul_p.def_abstract_eval
 def _abstract_eval(*avals, transpose_lhs, transpose_rhs, scaled, out_dtype, precision, config, backend):
   del precision, config, backend
-  lhs, rhs = _split(avals, scaled)[::2 if scaled else 1]
+  lhs, rhs, _ = _unpack(avals, scaled)
   return [jax.core.ShapedArray(_problem_shape(a.shape, b.shape, transpose_lhs, transpose_rhs)[:2], out_dtype)
           for a, b in zip(lhs, rhs)]
 
@@ -319,10 +326,8 @@ def _triton(lhs, rhs, scales, transpose_lhs, transpose_rhs, out_dtype, precision
 def _lowering(platform):
   def run(*operands, transpose_lhs, transpose_rhs, scaled, out_dtype, precision, config, backend):
     use_triton = backend == "triton" or (backend is None and platform in _TRITON_PLATFORMS)
-    parts = _split(operands, scaled)
-    lhs, rhs, scales = (parts[0], parts[2], parts[1::2]) if scaled else (*parts, None)
-    return (_triton if use_triton else _xla)(lhs, rhs, scales, transpose_lhs, transpose_rhs, out_dtype, precision,
-                                             config)
+    return (_triton if use_triton else _xla)(*_unpack(operands, scaled), transpose_lhs, transpose_rhs, out_dtype,
+                                             precision, config)
   return mlir.lower_fun(run, multiple_results=True)
 
 
