@@ -57,15 +57,15 @@ class Base(KernelTestBase):  # a fresh seed per test (in failure messages), self
     rhs = [self.normal((n, k) if transpose_rhs else (k, n), dtype) for m, n, k in shapes]
     return lhs, rhs
 
-  def quantize_each(self, shapes, recipe, dtype):
-    """[(q_i, scale_i)] = [jgmm.quantize.quantize(x_i, recipe, dtype)] for x_i random (M_i, K_i) rows of different
-    magnitudes (a scale applied to the wrong rows or blocks shows), and the float64 q_i * scale_i. One call for all
-    (a call per shape would compile per shape): the x_i zero-padded to multiples of 128 rows and the widest K and
-    stacked (the padding changes no block's amax), the results sliced."""
+  def quantize_each(self, arrays, recipe, dtype=jnp.float8_e4m3fn):
+    """[(q_i, scale_i, float64 q_i * scale_i)] with q_i, scale_i = jgmm.quantize.quantize(x_i, recipe, dtype) for
+    2-D x_i, in one call (a call per shape would compile per shape): the x_i zero-padded to multiples of 128 rows and
+    the widest K and stacked (the padding changes no block's amax), the results sliced."""
+    shapes = [np.shape(x) for x in arrays]
     starts = np.cumsum([0] + [-(-m // 128) * 128 for m, _ in shapes])
     stacked = np.zeros((starts[-1], max(k for _, k in shapes)), np.float32)
-    for (m, k), row in zip(shapes, starts):
-      stacked[row:row + m, :k] = self.rng.standard_normal((m, k)) * np.exp(self.rng.uniform(-2, 2, (m, 1)))
+    for x, (m, k), row in zip(arrays, shapes, starts):
+      stacked[row:row + m, :k] = x
     q, scale = _quantize(stacked, recipe, dtype)
     dequantized = oracle.dequantize(q, scale, recipe)
     q, scale = np.asarray(q), np.asarray(scale)
@@ -78,10 +78,12 @@ class Base(KernelTestBase):  # a fresh seed per test (in failure messages), self
     return results
 
   def fp8_problems(self, shapes, transpose_rhs, recipe, dtype=jnp.float8_e4m3fn):
-    """((lhs, rhs, lhs_scales, rhs_scales), (lhs_f64, rhs_f64)): FP8 operands (rhs_i quantised as (N_i, K_i), then
-    transposed unless transpose_rhs) with their scales, and the dequantised operands (rhs_f64[i] (N_i, K_i))."""
-    lhs, lhs_scales, lhs_f64 = zip(*self.quantize_each([(m, k) for m, n, k in shapes], RECIPES[recipe][0], dtype))
-    rhs, rhs_scales, rhs_f64 = zip(*self.quantize_each([(n, k) for m, n, k in shapes], RECIPES[recipe][1], dtype))
+    """((lhs, rhs, lhs_scales, rhs_scales), (lhs_f64, rhs_f64)): FP8 operands quantised from random rows of different
+    magnitudes (a scale applied to the wrong rows or blocks shows), rhs_i as (N_i, K_i), then transposed unless
+    transpose_rhs; their scales; and the dequantised operands (rhs_f64[i] (N_i, K_i))."""
+    rows = lambda m, k: self.rng.standard_normal((m, k)) * np.exp(self.rng.uniform(-2, 2, (m, 1)))
+    lhs, lhs_scales, lhs_f64 = zip(*self.quantize_each([rows(m, k) for m, n, k in shapes], RECIPES[recipe][0], dtype))
+    rhs, rhs_scales, rhs_f64 = zip(*self.quantize_each([rows(n, k) for m, n, k in shapes], RECIPES[recipe][1], dtype))
     rhs = [b if transpose_rhs else b.T for b in rhs]
     return (list(lhs), rhs, list(lhs_scales), list(rhs_scales)), (lhs_f64, rhs_f64)
 
@@ -495,8 +497,9 @@ class GpuTest(Base):
     shapes = [tuple(int(x) for x in self.rng.integers(1, 700, 3)) for _ in range(63)] + [(256, 4096, 7168)]
     lhs = [self.normal((m, k), jnp.bfloat16) for m, n, k in shapes]
     rhs = [self.normal((n, k), jnp.bfloat16) for m, n, k in shapes]
-    (lhs_q, lhs_s), (rhs_q, rhs_s) = ([list(x) for x in zip(*[quantize.quantize(x, recipe) for x in xs])]
-                                      for xs, recipe in ((lhs, "1x128"), (rhs, "128x128")))
+    (lhs_q, lhs_s, _), (rhs_q, rhs_s, _) = (
+        [list(x) for x in zip(*self.quantize_each([np.asarray(x, np.float32) for x in xs], recipe))]
+        for xs, recipe in ((lhs, "1x128"), (rhs, "128x128")))
     outs = jax.jit(lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True))(
         lhs_q, rhs_q, lhs_s, rhs_s)
     want = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, transpose_rhs=True))(lhs, rhs)
