@@ -313,15 +313,25 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
 # of one dimension fewer than its operand is per row / per channel, else per block.
 
 
+def fp8_recipe(lhs_blocks, rhs_blocks):
+  """The scale recipe's name in config-table keys, e.g. "1x128-128x128" (blocks) or "row-channel"."""
+  return f"{'1x128' if lhs_blocks else 'row'}-{'128x128' if rhs_blocks else 'channel'}"
+
+
+def within_scale_block(config):
+  """config with block_k at most 128: a K step of an FP8 kernel must stay inside one scale block."""
+  return dataclasses.replace(config, block_k=min(config.block_k, fp8_kernels.SCALE_BLOCK.value))
+
+
 def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
-  """The selected config of an FP8 op (None where the table picks the portable backend), with block_k at most 128:
-  a K step must stay inside one scale block. scale: the recipe's name in the table key, e.g. "1x128-128x128"."""
+  """The selected config of an FP8 op (None where the table picks the portable backend), within_scale_block.
+  scale: fp8_recipe's name, or "128x1" for tgmm."""
   choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
                                                      scale=scale, **flags),
                                arch=device.arch, device_kind=device.kind, override=config)
   if choice.backend == "xla":
     return None
-  return dataclasses.replace(choice.config, block_k=min(choice.config.block_k, fp8_kernels.SCALE_BLOCK.value))
+  return within_scale_block(choice.config)
 
 
 def _persistent_grid(tiles, config, device):
@@ -349,9 +359,9 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   if m == 0:
     return jnp.zeros((0, n), out_dtype)
   device = _device()
-  scale = f"{'1x128' if lhs_scale.ndim == 2 else 'row'}-{'128x128' if rhs_scale.ndim == 3 else 'channel'}"
   config = _fp8_config("gmm_t_fp8" if transpose_rhs else "gmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n,
-                       num_groups, scale, config, device, transpose=transpose_rhs)
+                       num_groups, fp8_recipe(lhs_scale.ndim == 2, rhs_scale.ndim == 3), config, device,
+                       transpose=transpose_rhs)
   if config is None:
     return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                                out_dtype=out_dtype, config=None)
@@ -376,8 +386,8 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   if max_m == 0:
     return jnp.zeros((num_groups, 0, n), out_dtype)
   device = _device()
-  scale = f"{'1x128' if x_scale.ndim == 3 else 'row'}-{'128x128' if w_scale.ndim == 3 else 'channel'}"
-  config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups, scale, config, device)
+  config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups,
+                       fp8_recipe(x_scale.ndim == 3, w_scale.ndim == 3), config, device)
   if config is None:
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)

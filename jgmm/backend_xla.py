@@ -164,11 +164,17 @@ def _dequantize(q, scale, blocks):
   return quantize.dequantize(q, scale, "row" if scale.ndim < q.ndim else blocks)
 
 
+def dequantized(lhs, rhs, lhs_scale, rhs_scale, transpose_rhs):
+  """(lhs * lhs_scale, rhs * rhs_scale as (..., N, K)) in float32: lhs (M, K) per row or 1x128 block; rhs (..., N, K)
+  if transpose_rhs, else (..., K, N), rhs_scale indexed (..., N[/128], K/128) in both layouts."""
+  return (_dequantize(lhs, lhs_scale, "1x128"),
+          _dequantize(rhs if transpose_rhs else jnp.swapaxes(rhs, -1, -2), rhs_scale, "128x128"))
+
+
 def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
   """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
-  (G, K, N); scales as jgmm.fp8.gmm documents, rhs_scale indexed (G, N[/128], K/128) in both layouts."""
-  lhs = _dequantize(lhs, lhs_scale, "1x128")
-  rhs_nk = _dequantize(rhs if transpose_rhs else jnp.swapaxes(rhs, 1, 2), rhs_scale, "128x128")
+  (G, K, N); scales as jgmm.fp8.gmm documents (`dequantized`)."""
+  lhs, rhs_nk = dequantized(lhs, rhs, lhs_scale, rhs_scale, transpose_rhs)
   return gmm(lhs, rhs_nk, bounds, None, None, transpose_rhs=True, out_dtype=out_dtype, activation=None,
              save_preactivation=False, config=config)
 

@@ -4,15 +4,19 @@
 
 A script, not a test. Cases (bf16): 8 LoRA-style products (M = K = 4096, N = 16..128 of mixed ranks), 16 prefill
 requests of 37..2048 tokens each times its own (4096, 4096) weight, and the sizes of Triton's grouped-GEMM
-tutorial (one product each of 1024^3, 512^3, 256^3, 128^3; four N^3 products for N = 128..1024). Implementations,
-forward only, timed round-robin with jgmm.timing.time_interleaved:
-  jgmm:        jit(jgmm.grouped_matmul), one kernel launch;
-  dot_loop:    a Python loop over a jitted jnp.dot, one dispatch and launch per problem;
-  dot_jit:     one jitted function of one jnp.dot per problem (XLA schedules P GEMMs in one program);
-  torch_gmm:   torch._grouped_mm where the problems fit its layouts (same K and N: 2D x 3D with offsets over
-               inputs already concatenated into one buffer, which it needs; same M, N, K: 3D x 3D).
-Prints ms per implementation, TFLOP/s of jgmm, jgmm's speedup over each, and the geomean speedups; writes
-bench_hetero.json to --out.
+tutorial (one product each of 1024^3, 512^3, 256^3, 128^3; four N^3 products for N = 128..1024); and in FP8
+(DeepSeek-V3's blocks: lhs 1x128, rhs 128x128, stored (N, K)), the LoRA and prefill shapes ("lora8-fp8",
+"prefill16-fp8"). Implementations, forward only, timed round-robin with jgmm.timing.time_interleaved:
+  jgmm:        jit(jgmm.grouped_matmul), one kernel launch (FP8 cases: on operands quantised beforehand, so the
+               GEMMs alone are timed, as DeepGEMM's benchmarks do);
+  jgmm_bf16:   FP8 cases: the same problems in bf16 through jit(jgmm.grouped_matmul);
+  dot_loop:    a Python loop over a jitted jnp.dot, one dispatch and launch per problem (bf16);
+  dot_jit:     bf16 cases: one jitted function of one jnp.dot per problem (XLA schedules P GEMMs in one program);
+  torch_gmm:   bf16 cases: torch._grouped_mm where the problems fit its layouts (same K and N: 2D x 3D with
+               offsets over inputs already concatenated into one buffer, which it needs; same M, N, K: 3D x 3D).
+Prints ms per implementation, TFLOP/s of jgmm, jgmm's speedup over each, jgmm's relative error against the float32
+product of the bf16 operands (FP8: ~3e-2, the quantisation's), and the geomean speedups of the bf16 and the FP8
+cases; writes bench_hetero.json to --out.
 """
 import argparse
 import json
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
+from jgmm import quantize
 from jgmm.timing import time_interleaved
 
 
@@ -42,6 +47,8 @@ CASES = {
     "tutorial-mixed": [(s, s, s) for s in (1024, 512, 256, 128)],
     **{f"tutorial-4x{s}": [(s, s, s)] * 4 for s in (128, 256, 512, 1024)},
 }
+FP8_SUFFIX = "-fp8"
+CASES.update({name + FP8_SUFFIX: CASES[name] for name in ("lora8", "prefill16")})
 
 
 def _inputs(shapes, seed=0):
@@ -63,6 +70,14 @@ def _jax_impls(lhs, rhs):
       "dot_loop": (lambda: [dot(a, b) for a, b in zip(lhs, rhs)], sync),
       "dot_jit": (lambda: dots(lhs, rhs), sync),
   }
+
+
+def _fp8_impl(lhs, rhs):
+  """(fn, sync) of jgmm.grouped_matmul on the problems quantised to FP8 (lhs_i 1x128, rhs_i (N_i, K_i) 128x128)."""
+  lhs_q, lhs_s = zip(*[quantize.quantize(a, "1x128") for a in lhs])
+  rhs_q, rhs_s = zip(*[quantize.quantize(b.T, "128x128") for b in rhs])
+  grouped = jax.jit(lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True))
+  return lambda: grouped(lhs_q, rhs_q, lhs_s, rhs_s), jax.block_until_ready
 
 
 def _torch_impl(shapes):
@@ -90,13 +105,13 @@ def _torch_impl(shapes):
 
 def bench_case(name, shapes):
   lhs, rhs = _inputs(shapes)
-  outs, want = jax.jit(jgmm.grouped_matmul)(lhs, rhs), [jnp.dot(a, b, preferred_element_type=jnp.float32)
-                                                         for a, b in zip(lhs, rhs)]
-  err = max(float(jnp.linalg.norm(o.astype(jnp.float32) - w) / jnp.linalg.norm(w)) for o, w in zip(outs, want))
   fns = _jax_impls(lhs, rhs)
-  torch_impl = _torch_impl(shapes)
-  if torch_impl is not None:
+  if name.endswith(FP8_SUFFIX):
+    fns = {"jgmm": _fp8_impl(lhs, rhs), "jgmm_bf16": fns["jgmm"], "dot_loop": fns["dot_loop"]}
+  elif (torch_impl := _torch_impl(shapes)) is not None:
     fns["torch_gmm"] = torch_impl
+  outs, want = fns["jgmm"][0](), [jnp.dot(a, b, preferred_element_type=jnp.float32) for a, b in zip(lhs, rhs)]
+  err = max(float(jnp.linalg.norm(o.astype(jnp.float32) - w) / jnp.linalg.norm(w)) for o, w in zip(outs, want))
   ms = time_interleaved(fns)
   flops = sum(2 * m * n * k for m, n, k in shapes)
   return {"case": name, "problems": len(shapes), "shapes": shapes, "ms": ms, "rel_err_vs_xla": err,
@@ -122,11 +137,13 @@ def main(argv=None):
     speedups = "  ".join(f"x{v:.2f} vs {k}" for k, v in r["speedup"].items())
     print(f"{name:16s} P={r['problems']:3d}  ms: {timings}  | jgmm {r['jgmm_tflops']:.0f} TFLOP/s  {speedups}"
           f"  (rel err {r['rel_err_vs_xla']:.1e})", flush=True)
-  for impl in ("dot_loop", "dot_jit", "torch_gmm"):
-    ratios = [r["speedup"][impl] for r in results if impl in r["speedup"]]
-    if ratios:
-      print(f"geomean speedup of jgmm over {impl}: x{_geomean(ratios):.3f} over {len(ratios)} cases; "
-            f"slower on: {[r['case'] for r in results if r['speedup'].get(impl, 2) < 1]}")
+  for fp8 in (False, True):
+    kind = [r for r in results if r["case"].endswith(FP8_SUFFIX) == fp8]
+    for impl in ("jgmm_bf16", "dot_loop", "dot_jit", "torch_gmm"):
+      ratios = [r["speedup"][impl] for r in kind if impl in r["speedup"]]
+      if ratios:
+        print(f"geomean speedup of jgmm{' FP8' if fp8 else ''} over {impl}: x{_geomean(ratios):.3f} over "
+              f"{len(ratios)} cases; slower on: {[r['case'] for r in kind if r['speedup'].get(impl, 2) < 1]}")
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench_hetero.json"), "w") as f:
     json.dump(results, f, indent=1)

@@ -33,11 +33,6 @@ import jax.numpy as jnp
 from jgmm import ops, primitives, quantize, validation
 
 
-def requested(operands, scales):
-  """Whether a call is an FP8 one: any scale given (not None) or any FP8 operand."""
-  return any(s is not None for s in scales) or any(validation.is_fp8(a) for a in operands)
-
-
 def _gmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
   del bounds, lhs_scale, rhs_scale, config
   return [jax.core.ShapedArray((lhs.shape[0], rhs.shape[1] if transpose_rhs else rhs.shape[2]), out_dtype)]

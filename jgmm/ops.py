@@ -80,7 +80,7 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, bias: jax.Arr
   Returns:
     (M, N_out) with N_out = N (N // 2 for swiglu). Rows outside the computed groups are 0 (or existing_out).
   """
-  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+  if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.gmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, bias=bias,
                    transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type,
                    group_offset=group_offset, existing_out=existing_out, activation=activation, precision=precision,
@@ -121,7 +121,7 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32).
   """
-  if fp8.requested((lhs, rhs), (lhs_scale, rhs_scale)):
+  if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
                     preferred_element_type=preferred_element_type, group_offset=group_offset,
                     num_actual_groups=num_actual_groups, existing_out=existing_out, bias_grad=bias_grad,
@@ -155,7 +155,7 @@ def masked_gmm(x: jax.Array, w: jax.Array, masked_m: jax.Array, *, preferred_ele
   Returns:
     (G, max_m, N); rows >= masked_m[g] are exact zeros.
   """
-  if fp8.requested((x, w), (x_scale, w_scale)):
+  if validation.fp8_requested((x, w), (x_scale, w_scale)):
     return fp8.masked_gmm(x, w, masked_m, x_scale=x_scale, w_scale=w_scale,
                           preferred_element_type=preferred_element_type, expected_m=expected_m, precision=precision,
                           config=config, backend=backend)

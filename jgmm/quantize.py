@@ -23,8 +23,9 @@ BLOCK = 128
 RECIPES = ("row", "1x128", "128x128", "128x1")
 
 
-def _cdiv(a, b):
-  return -(-a // b)
+def _count(size, block):
+  """Blocks of `block` elements along an axis of `size`; a block of 0 ("row" of an empty row) is the whole axis."""
+  return -(-size // block) if block else 1
 
 
 def _blocks(recipe, shape):
@@ -34,21 +35,21 @@ def _blocks(recipe, shape):
   ndim = 2 if recipe in ("128x128", "128x1") else 1
   if len(shape) < ndim:
     raise ValueError(f"recipe {recipe!r} needs at least {ndim} dimensions, got shape {tuple(shape)}")
-  trailing = {"row": (max(shape[-1], 1),), "1x128": (BLOCK,), "128x128": (BLOCK, BLOCK), "128x1": (BLOCK, 1)}[recipe]
+  trailing = {"row": (shape[-1],), "1x128": (BLOCK,), "128x128": (BLOCK, BLOCK), "128x1": (BLOCK, 1)}[recipe]
   return (1,) * (len(shape) - len(trailing)) + trailing
 
 
 def scale_shape(recipe, shape):
   """The shape of the scales `quantize(x, recipe)` returns for x of `shape`."""
   blocks = _blocks(recipe, shape)
-  out = tuple(_cdiv(d, b) for d, b in zip(shape, blocks))
+  out = tuple(_count(d, b) for d, b in zip(shape, blocks))
   return out[:-1] if recipe == "row" else out
 
 
 def _split(x, blocks):
   """x zero-padded to whole blocks and reshaped to (count, block) per axis: (n0, b0, n1, b1, ...)."""
-  padded = jnp.pad(x, [(0, _cdiv(d, b) * b - d) for d, b in zip(x.shape, blocks)])
-  return padded.reshape([n for d, b in zip(x.shape, blocks) for n in (_cdiv(d, b), b)])
+  padded = jnp.pad(x, [(0, _count(d, b) * b - d) for d, b in zip(x.shape, blocks)])
+  return padded.reshape([n for d, b in zip(x.shape, blocks) for n in (_count(d, b), b)])
 
 
 def _merge(split, shape):
@@ -59,7 +60,7 @@ def _merge(split, shape):
 
 def _per_block(scale, recipe, shape):
   """scale (`scale_shape`) as (n0, 1, n1, 1, ...): one value per block, broadcasting over _split's layout."""
-  counts = [_cdiv(d, b) for d, b in zip(shape, _blocks(recipe, shape))]
+  counts = [_count(d, b) for d, b in zip(shape, _blocks(recipe, shape))]
   return scale.reshape([n for c in counts for n in (c, 1)])
 
 
@@ -81,7 +82,7 @@ def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
   x = jnp.asarray(x)
   fmax = FP8_MAX[dtype]
   split = _split(x.astype(jnp.float32), _blocks(recipe, x.shape))
-  amax = jnp.max(jnp.abs(split), axis=tuple(range(1, split.ndim, 2)), keepdims=True)
+  amax = jnp.max(jnp.abs(split), axis=tuple(range(1, split.ndim, 2)), keepdims=True, initial=0.0)  # 0: empty
   scale = jnp.where(amax == 0, 1.0, amax / fmax)
   q = _merge(jnp.clip(split / scale, -fmax, fmax).astype(dtype), x.shape)
   return q, scale.reshape(scale_shape(recipe, x.shape))

@@ -234,8 +234,11 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precisi
           _backend(backend))
 
 
-def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_type, precision, config, backend):
-  """Validates grouped_matmul's arguments; returns (out_dtype, precision, config, backend)."""
+def check_grouped_matmul(lhs_list, rhs_list, lhs_scales, rhs_scales, transpose_rhs, preferred_element_type,
+                         precision, config, backend):
+  """Validates grouped_matmul's arguments: FP8 operands with scales where any scale or FP8 operand is given (all
+  problems of one scale recipe, each operand's as gmm's), else float ones. Returns (scaled, out_dtype, precision,
+  config, backend)."""
   for name, arrays in (("lhs_list", lhs_list), ("rhs_list", rhs_list)):
     if not isinstance(arrays, (list, tuple)):
       raise TypeError(f"{name} must be a list of 2-D arrays, got {type(arrays).__name__}")
@@ -243,18 +246,37 @@ def check_grouped_matmul(lhs_list, rhs_list, transpose_rhs, preferred_element_ty
     raise ValueError("lhs_list must hold at least one problem, got an empty list")
   if len(rhs_list) != len(lhs_list):
     raise ValueError(f"rhs_list must hold one array per lhs array ({len(lhs_list)}), got {len(rhs_list)}")
+  scaled = fp8_requested((*lhs_list, *rhs_list), (lhs_scales, rhs_scales))
+  if scaled:
+    _no_fp8_option("precision", precision)
+    for name, scales in (("lhs_scales", lhs_scales), ("rhs_scales", rhs_scales)):
+      if not isinstance(scales, (list, tuple)):
+        raise TypeError(f"{name} must be a list of float32 arrays, one per problem ({len(lhs_list)}), with FP8 "
+                        f"operands, got {type(scales).__name__}")
+      if len(scales) != len(lhs_list):
+        raise ValueError(f"{name} must hold one scale array per problem ({len(lhs_list)}), got {len(scales)}")
   rhs_layout = "(N_i, K_i)" if _flag("transpose_rhs", transpose_rhs) else "(K_i, N_i)"
+  recipes = []
   for i, (lhs, rhs) in enumerate(zip(lhs_list, rhs_list)):
-    _float_array(f"lhs_list[{i}]", lhs, 2, "(M_i, K_i)")
-    _float_array(f"rhs_list[{i}]", rhs, 2, rhs_layout)
+    _float_array(f"lhs_list[{i}]", lhs, 2, "(M_i, K_i)", scaled)
+    _float_array(f"rhs_list[{i}]", rhs, 2, rhs_layout, scaled)
     for name, x in ((f"lhs_list[{i}]", lhs), (f"rhs_list[{i}]", rhs)):
       _same_dtype(name, x, "lhs_list[0]", lhs_list[0])
-    rhs_k = rhs.shape[1] if transpose_rhs else rhs.shape[0]
-    if rhs_k != lhs.shape[1]:
-      raise ValueError(f"rhs_list[{i}] must have K_i = {lhs.shape[1]} (lhs_list[{i}] is {tuple(lhs.shape)}) in its "
+    m, k = lhs.shape
+    rhs_k, n = rhs.shape[::-1] if transpose_rhs else rhs.shape
+    if rhs_k != k:
+      raise ValueError(f"rhs_list[{i}] must have K_i = {k} (lhs_list[{i}] is {tuple(lhs.shape)}) in its "
                        f"layout {rhs_layout}, got shape {tuple(rhs.shape)}")
-  return (_out_dtype(preferred_element_type, lhs_list[0].dtype), _precision(precision), config_lib.as_config(config),
-          _backend(backend))
+    if scaled:
+      recipes.append((_scale(f"lhs_scales[{i}]", lhs_scales[i], f"lhs_list[{i}]",
+                             _activation_scales(m, k, i="_i")),
+                      _scale(f"rhs_scales[{i}]", rhs_scales[i], f"rhs_list[{i}]", _weight_scales(n, k, i="_i"))))
+      if recipes[i] != recipes[0]:
+        raise ValueError(f"lhs_scales[{i}] and rhs_scales[{i}] must follow problem 0's recipe ({recipes[0][0]}, "
+                         f"{recipes[0][1]}): one recipe for all problems, got {recipes[i][0]}, {recipes[i][1]}")
+  out_dtype = _out_dtype(_fp8_out_dtype(preferred_element_type) if scaled else preferred_element_type,
+                         lhs_list[0].dtype)
+  return scaled, out_dtype, _precision(precision), config_lib.as_config(config), _backend(backend)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -389,6 +411,11 @@ def is_fp8(x):
   return hasattr(x, "dtype") and jnp.dtype(x.dtype) in FP8_DTYPES
 
 
+def fp8_requested(operands, scales):
+  """Whether a call is an FP8 one: any scale given (not None) or any FP8 operand."""
+  return any(s is not None for s in scales) or any(is_fp8(a) for a in operands)
+
+
 def _cdiv(a, b):
   return -(-a // b)
 
@@ -402,8 +429,30 @@ def _scale(name, scale, operand, options):
     raise TypeError(f"{name} must be a float32 array of shape {expected}, got {type(scale).__name__}")
   if scale.dtype != jnp.float32:
     raise TypeError(f"{name} must have dtype float32, got {_describe(scale)}")
-  if tuple(scale.shape) not in [shape for _, shape, _ in options]:
+  recipes = {shape: recipe for _, shape, recipe in options}
+  if tuple(scale.shape) not in recipes:
     raise ValueError(f"{name} must have shape {expected}, got {_describe(scale)}")
+  return recipes[tuple(scale.shape)]
+
+
+def _layout(*names):
+  """A shape's description: (M,), (G, N), ..."""
+  return f"({', '.join(names)}{',' if len(names) == 1 else ''})"
+
+
+def _activation_scales(m, k, lead=(), lead_shape=(), rows="M", i=""):
+  """The scale options of an FP8 activation (*lead_shape, m, k) (dimensions named lead, rows and K, suffixed i): per
+  row, or per 1x128 block."""
+  return [(_layout(*lead, rows + i), (*lead_shape, m), "per row"),
+          (_layout(*lead, rows + i, f"cdiv(K{i}, 128)"), (*lead_shape, m, _cdiv(k, 128)), "1x128 blocks")]
+
+
+def _weight_scales(n, k, lead=(), lead_shape=(), i=""):
+  """The scale options of FP8 weights of (*lead_shape) N x K products (dimensions named lead, N and K, suffixed i):
+  per channel, or per 128x128 block."""
+  return [(_layout(*lead, "N" + i), (*lead_shape, n), "per channel"),
+          (_layout(*lead, f"cdiv(N{i}, 128)", f"cdiv(K{i}, 128)"), (*lead_shape, _cdiv(n, 128), _cdiv(k, 128)),
+           "128x128 blocks")]
 
 
 def _no_fp8_option(name, value, default=None):
@@ -424,11 +473,8 @@ def check_gmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, bias, transpose_r
   m, k, n, _, out_dtype, _, config, backend = check_gmm(
       lhs, rhs, group_sizes, None, transpose_rhs, _fp8_out_dtype(preferred_element_type), group_offset, None,
       None, None, config, backend, fp8=True)
-  kb = _cdiv(k, 128)
-  _scale("lhs_scale", lhs_scale, "lhs", [("(M,)", (m,), "per row"), ("(M, cdiv(K, 128))", (m, kb), "1x128 blocks")])
-  g = rhs.shape[0]
-  _scale("rhs_scale", rhs_scale, "rhs", [("(G, N)", (g, n), "per channel"),
-                                         ("(G, cdiv(N, 128), cdiv(K, 128))", (g, _cdiv(n, 128), kb), "128x128 blocks")])
+  _scale("lhs_scale", lhs_scale, "lhs", _activation_scales(m, k))
+  _scale("rhs_scale", rhs_scale, "rhs", _weight_scales(n, k, ("G",), rhs.shape[:1]))
   return out_dtype, config, backend
 
 
@@ -439,11 +485,8 @@ def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_typ
   out_dtype, _, config, backend = check_masked_gmm(x, w, masked_m, _fp8_out_dtype(preferred_element_type),
                                                    expected_m, None, config, backend, fp8=True)
   g, max_m, k = x.shape
-  n, kb = w.shape[1], _cdiv(k, 128)
-  _scale("x_scale", x_scale, "x", [("(G, max_m)", (g, max_m), "per row"),
-                                   ("(G, max_m, cdiv(K, 128))", (g, max_m, kb), "1x128 blocks")])
-  _scale("w_scale", w_scale, "w", [("(G, N)", (g, n), "per channel"),
-                                   ("(G, cdiv(N, 128), cdiv(K, 128))", (g, _cdiv(n, 128), kb), "128x128 blocks")])
+  _scale("x_scale", x_scale, "x", _activation_scales(max_m, k, ("G",), (g,), "max_m"))
+  _scale("w_scale", w_scale, "w", _weight_scales(w.shape[1], k, ("G",), (g,)))
   return out_dtype, config, backend
 
 

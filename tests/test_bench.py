@@ -1,5 +1,7 @@
 """jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
-model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU)."""
+model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
+jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch)."""
+import functools
 import os
 import sys
 import tempfile
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench, bench_tuned, config_table
+from jgmm import bench, bench_hetero, bench_tuned, config_table, timing
 
 
 def _results():
@@ -54,6 +56,18 @@ class BenchTunedTest(absltest.TestCase):
     with bench_tuned.heuristic_only():
       heuristic = kernels()
     self.assertEqual([t + 1 for t in tuned], heuristic)  # forward and forward+backward: one Triton kernel fewer
+
+
+class HeteroFp8CaseTest(absltest.TestCase):
+
+  def test_fp8_case_against_bf16_jgmm_and_the_dot_loop(self):
+    fast = functools.partial(timing.time_interleaved, min_batch_s=1e-4, batches=1)
+    with mock.patch.object(bench_hetero, "time_interleaved", fast):
+      result = bench_hetero.bench_case("tiny" + bench_hetero.FP8_SUFFIX, [(8, 16, 130), (3, 5, 7)])
+    self.assertEqual(set(result["ms"]), {"jgmm", "jgmm_bf16", "dot_loop"})
+    self.assertLess(result["rel_err_vs_xla"], 0.1)  # FP8's quantisation error, ~3e-2
+    self.assertGreater(result["rel_err_vs_xla"], 1e-3)  # not the bf16 product
+    self.assertEqual(bench_hetero.CASES["prefill16-fp8"], bench_hetero.CASES["prefill16"])
 
 
 if __name__ == "__main__":

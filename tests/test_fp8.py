@@ -64,6 +64,15 @@ class Fp8OpsTest(Fp8TestBase):
     self.assert_close(out, want)
     np.testing.assert_array_equal(out[63:], 0.0)
 
+  @parameterized.parameters(("row", "row"), ("1x128", "128x128"))
+  def test_gmm_with_k_0_gives_zeros(self, lhs_recipe, rhs_recipe):
+    lhs, lhs_scale = quantize.quantize(jnp.zeros((9, 0)), lhs_recipe)
+    rhs, rhs_scale = quantize.quantize(jnp.zeros((2, 6, 0)), rhs_recipe)
+    out = jgmm.gmm(lhs, rhs, jnp.array([4, 5], jnp.int32), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
+                   transpose_rhs=True, backend=self.backend)
+    self.assertEqual((out.shape, out.dtype), ((9, 6), jnp.bfloat16))
+    np.testing.assert_array_equal(out, 0.0)
+
   def test_gmm_group_offset_and_bf16_output(self):
     m, k, n = 50, 200, 40
     lhs, lhs_scale = self.quantized((m, k), "1x128", "e4m3fnuz")

@@ -4,10 +4,16 @@ CPU: the XLA backend (all dtypes, jit/grad/jvp/vmap, bad input); the Triton kern
 (float32: the interpreter's 16-bit dots are wrong) through jgmm.ffi, which NaN-poisons every output buffer, so
 an element the kernel forgets to write fails the check; cross-lowering for sm_90 (JGMM_TARGET=cuda:90): one
 custom call per grouped product, forward and backward, with 16-byte pipelined loads.
-GPU (skipped without one): bf16/fp16/fp32 at the default tiles, odd and large shapes, 64 problems, grad.
+FP8 (operands with scales, jgmm.quantize's recipes): against the float64 product of the dequantised operands on
+the XLA backend and, under the interpreter, the kernel's indexing and scaling with float32 operands holding the
+FP8 values (the interpreter's FP8 dots are not trusted, as in test_fp8_kernels); cross-lowering: Hopper's e4m3
+wgmma in both rhs layouts, and launches whose params fit CUDA's 4 KiB.
+GPU (skipped without one): bf16/fp16/fp32 at the default tiles, odd and large shapes, 64 problems, grad; FP8
+against the oracle and DeepGEMM's criterion against the bf16 product.
 """
 import importlib
 import os
+import re
 from unittest import mock
 
 import jax
@@ -17,7 +23,7 @@ from absl.testing import absltest, parameterized
 from test_triton_kernels import GPU_TOLERANCE, KernelTestBase
 
 import jgmm
-from jgmm import oracle
+from jgmm import oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile
 from jgmm.triton_kernels import grouped_matmul as kernels  # noqa: F401  (imported as @triton.jit, not under
@@ -30,6 +36,13 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 TOLERANCE = {"f32": 5e-3 if ON_GPU else 2e-3, "bf16": 2e-2, "f16": 5e-3}  # GPU: TF32 on K <= 8 products
 # (M, N, K) differing in each of M, N and K, with empty problems (M, N or K = 0: zeros).
 MIXED = ((5, 7, 3), (17, 33, 20), (1, 1, 1), (40, 9, 50), (0, 3, 4), (3, 0, 2), (4, 5, 0), (16, 16, 16))
+# FP8: K of one partial scale block (1, 7, 50), of two (129, 200), N of two 128-wide blocks (130), empty problems.
+MIXED_FP8 = ((5, 7, 1), (17, 33, 129), (1, 1, 7), (40, 9, 50), (0, 3, 4), (3, 0, 2), (4, 5, 0), (3, 130, 200))
+# (lhs, rhs) scale recipes: per row / per channel, DeepSeek-V3's blocks, and the two mixed.
+RECIPES = {"rowwise": ("row", "row"), "blocks": ("1x128", "128x128"), "row-blocks": ("row", "128x128"),
+           "blocks-row": ("1x128", "row")}
+SMALL_FP8 = Config(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2)  # 2 K steps per scale block
+_quantize = jax.jit(quantize.quantize, static_argnums=(1, 2))  # One compilation per shape, not one per op
 
 
 def product_oracle(a, b, transpose_rhs):
@@ -43,6 +56,36 @@ class Base(KernelTestBase):  # a fresh seed per test (in failure messages), self
     lhs = [self.normal((m, k), dtype) for m, n, k in shapes]
     rhs = [self.normal((n, k) if transpose_rhs else (k, n), dtype) for m, n, k in shapes]
     return lhs, rhs
+
+  def quantize_each(self, arrays, recipe, dtype=jnp.float8_e4m3fn):
+    """[(q_i, scale_i, float64 q_i * scale_i)] with q_i, scale_i = jgmm.quantize.quantize(x_i, recipe, dtype) for
+    2-D x_i, in one call (a call per shape would compile per shape): the x_i zero-padded to multiples of 128 rows and
+    the widest K and stacked (the padding changes no block's amax), the results sliced."""
+    shapes = [np.shape(x) for x in arrays]
+    starts = np.cumsum([0] + [-(-m // 128) * 128 for m, _ in shapes])
+    stacked = np.zeros((starts[-1], max(k for _, k in shapes)), np.float32)
+    for x, (m, k), row in zip(arrays, shapes, starts):
+      stacked[row:row + m, :k] = x
+    q, scale = _quantize(stacked, recipe, dtype)
+    dequantized = oracle.dequantize(q, scale, recipe)
+    q, scale = np.asarray(q), np.asarray(scale)
+    results = []
+    for (m, k), row in zip(shapes, starts):
+      rows = slice(row, row + m)
+      scale_rows = slice(row // 128, row // 128 + -(-m // 128)) if recipe == "128x128" else rows
+      scale_i = scale[rows] if recipe == "row" else scale[scale_rows, :-(-k // 128)]
+      results.append((jnp.asarray(q[rows, :k]), jnp.asarray(scale_i), dequantized[rows, :k]))
+    return results
+
+  def fp8_problems(self, shapes, transpose_rhs, recipe, dtype=jnp.float8_e4m3fn):
+    """((lhs, rhs, lhs_scales, rhs_scales), (lhs_f64, rhs_f64)): FP8 operands quantised from random rows of different
+    magnitudes (a scale applied to the wrong rows or blocks shows), rhs_i as (N_i, K_i), then transposed unless
+    transpose_rhs; their scales; and the dequantised operands (rhs_f64[i] (N_i, K_i))."""
+    rows = lambda m, k: self.rng.standard_normal((m, k)) * np.exp(self.rng.uniform(-2, 2, (m, 1)))
+    lhs, lhs_scales, lhs_f64 = zip(*self.quantize_each([rows(m, k) for m, n, k in shapes], RECIPES[recipe][0], dtype))
+    rhs, rhs_scales, rhs_f64 = zip(*self.quantize_each([rows(n, k) for m, n, k in shapes], RECIPES[recipe][1], dtype))
+    rhs = [b if transpose_rhs else b.T for b in rhs]
+    return (list(lhs), rhs, list(lhs_scales), list(rhs_scales)), (lhs_f64, rhs_f64)
 
   def assert_products(self, outs, lhs, rhs, transpose_rhs, tol, out_dtype=None):
     self.assertLen(outs, len(lhs))
@@ -160,6 +203,85 @@ class XlaTest(Base):
     with self.assertRaisesRegex(ValueError, "backend must be"):
       jgmm.grouped_matmul([a], [b], backend="cuda")
 
+  @parameterized.parameters(("rowwise", False), ("blocks", True), ("row-blocks", True), ("blocks-row", False))
+  def test_fp8(self, recipe, transpose_rhs):
+    problems, dequantized = self.fp8_problems(MIXED_FP8, transpose_rhs, recipe)
+    fn = jax.jit(lambda *a: jgmm.grouped_matmul(a[0], a[1], lhs_scales=a[2], rhs_scales=a[3], backend="xla",
+                                                transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32))
+    outs = fn(*problems)
+    self.assert_products(outs, *dequantized, True, 1e-6, jnp.float32)
+    self.assertTrue(all(not np.asarray(o).any() for o, (m, n, k) in zip(outs, MIXED_FP8) if k == 0))
+
+  def test_fp8_one_problem_e4m3fnuz_to_bfloat16(self):
+    problems, dequantized = self.fp8_problems([(9, 20, 130)], True, "blocks", jnp.float8_e4m3fnuz)
+    outs = jgmm.grouped_matmul(problems[0], problems[1], lhs_scales=problems[2], rhs_scales=problems[3],
+                               transpose_rhs=True)
+    self.assert_products(outs, *dequantized, True, 1e-2, jnp.bfloat16)  # bfloat16 by default
+
+  def test_fp8_vmap(self):
+    """A batch of lhs (and its scales) folds into M: one call; a batch of rhs (and its scales) maps over it."""
+    shapes = MIXED_FP8[:2]
+    (lhs, rhs, lhs_s, rhs_s), (lhs_f64, rhs_f64) = self.fp8_problems(shapes * 2, True, "blocks")
+    stack = lambda arrays: [jnp.stack(pair) for pair in zip(arrays[:2], arrays[2:])]  # problem i: batch of 2
+    fn = lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True,
+                                                  preferred_element_type=jnp.float32)
+    folded = jax.vmap(fn, in_axes=(0, None, 0, None))
+    outs = folded(stack(lhs), rhs[:2], stack(lhs_s), rhs_s[:2])
+    for j in range(2):
+      self.assert_products([o[j] for o in outs], lhs_f64[2 * j:2 * j + 2], rhs_f64[:2], True, 1e-6)
+    outs = jax.vmap(fn, in_axes=(None, 0, None, 0))(lhs[:2], stack(rhs), lhs_s[:2], stack(rhs_s))
+    for j in range(2):
+      self.assert_products([o[j] for o in outs], lhs_f64[:2], rhs_f64[2 * j:2 * j + 2], True, 1e-6)
+    jaxpr = str(jax.make_jaxpr(folded)(stack(lhs), rhs[:2], stack(lhs_s), rhs_s[:2]))
+    self.assertEqual(jaxpr.count("jgmm_grouped_matmul"), 1)
+    self.assertNotIn("while", jaxpr)
+
+  def test_fp8_has_no_derivative(self):
+    (lhs, rhs, lhs_s, rhs_s), _ = self.fp8_problems(MIXED_FP8[:2], False, "rowwise")
+    fn = lambda l, ls: jnp.sum(jgmm.grouped_matmul(l, rhs, lhs_scales=ls, rhs_scales=rhs_s)[0].astype(jnp.float32))
+    for argnums in (0, 1):
+      with self.assertRaisesRegex(NotImplementedError, "no derivative w.r.t. FP8 operands.*jgmm.fp8_gmm"):
+        jax.grad(fn, argnums=argnums)(lhs, lhs_s)
+
+  def test_fp8_bad_input(self):
+    f8 = jnp.float8_e4m3fn
+    a, b, sa, sb = self.normal((4, 8)).astype(f8), self.normal((8, 5)).astype(f8), self.normal((4,)), self.normal((5,))
+    scales = dict(lhs_scales=[sa], rhs_scales=[sb])
+    blocks = dict(lhs_scales=[sa, self.normal((4, 1))], rhs_scales=[sb, sb])
+    cases = [
+        (([a], [b]), {}, TypeError,
+         r"lhs_scales must be a list of float32 arrays, one per problem \(1\), with FP8 operands, got NoneType"),
+        (([a], [b]), dict(lhs_scales=[sa]), TypeError, "rhs_scales must be a list .* got NoneType"),
+        (([a], [b]), dict(lhs_scales=sa, rhs_scales=[sb]), TypeError, "lhs_scales must be a list .* got ArrayImpl"),
+        (([a], [b]), dict(lhs_scales=[sa, sa], rhs_scales=[sb]), ValueError,
+         r"lhs_scales must hold one scale array per problem \(1\), got 2"),
+        (([a.astype(jnp.float32)], [b.astype(jnp.float32)]), scales, TypeError,
+         r"lhs_list\[0\] must have dtype float8_e4m3fn or float8_e4m3fnuz .* got shape \(4, 8\) and dtype float32"),
+        (([a, a.astype(jnp.bfloat16)], [b, b]), dict(lhs_scales=[sa, sa], rhs_scales=[sb, sb]), TypeError,
+         r"lhs_list\[1\] must have dtype float8_e4m3fn or float8_e4m3fnuz .* dtype bfloat16"),
+        (([a], [b.astype(jnp.float8_e4m3fnuz)]), scales, TypeError, r"rhs_list\[0\] must have the dtype of lhs_list"),
+        (([a], [b]), dict(lhs_scales=[None], rhs_scales=[sb]), ValueError,
+         r"lhs_scales\[0\] is required with the FP8 lhs_list\[0\]"),
+        (([a], [b]), dict(lhs_scales=[sa[:3]], rhs_scales=[sb]), ValueError,
+         r"lhs_scales\[0\] must have shape \(M_i,\) = \(4,\) \(per row\) or \(M_i, cdiv\(K_i, 128\)\) = \(4, 1\) "
+         r"\(1x128 blocks\), got shape \(3,\)"),
+        (([a], [b]), dict(lhs_scales=[sa], rhs_scales=[self.normal((8,))]), ValueError,
+         r"rhs_scales\[0\] must have shape \(N_i,\) = \(5,\) \(per channel\) or "
+         r"\(cdiv\(N_i, 128\), cdiv\(K_i, 128\)\) = \(1, 1\) \(128x128 blocks\), got shape \(8,\)"),
+        (([a], [b]), dict(lhs_scales=[sa.astype(jnp.bfloat16)], rhs_scales=[sb]), TypeError,
+         r"lhs_scales\[0\] must have dtype float32, got shape \(4,\) and dtype bfloat16"),
+        (([a, a], [b, b]), blocks, ValueError,
+         r"lhs_scales\[1\] and rhs_scales\[1\] must follow problem 0's recipe \(per row, per channel\): one recipe "
+         r"for all problems, got 1x128 blocks, per channel"),
+    ]
+    for args, kwargs, error, message in cases:
+      with self.assertRaisesRegex(error, message):
+        jgmm.grouped_matmul(*args, **kwargs)
+    with self.assertRaisesRegex(ValueError, "precision is not supported with FP8"):
+      jgmm.grouped_matmul([a], [b], precision="highest", **scales)
+    with self.assertRaisesRegex(TypeError, "preferred_element_type must be float32, bfloat16 or float16"):
+      jgmm.grouped_matmul([a], [b], preferred_element_type=jnp.int32, **scales)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: the kernel under Triton's interpreter
@@ -213,6 +335,36 @@ class InterpretedTest(Base):
     self.assert_products(self.run_triton(lhs, rhs, False, config=None), lhs, rhs, False, 1e-4)
 
 
+  def run_fp8(self, lhs, rhs, lhs_scales, rhs_scales, transpose_rhs, config=SMALL_FP8):
+    """The FP8 kernel on float32 operands holding the FP8 values (float32 outputs)."""
+    f32 = lambda arrays: [x.astype(jnp.float32) for x in arrays]
+    fn = jax.jit(lambda *a: gm._triton(a[0], a[1], a[2:], False, transpose_rhs, jnp.float32, None, config))
+    return fn(f32(lhs), f32(rhs), lhs_scales, rhs_scales)
+
+  @parameterized.parameters(("rowwise", False), ("blocks", True), ("row-blocks", False))
+  def test_fp8(self, recipe, transpose_rhs):
+    problems, dequantized = self.fp8_problems(MIXED_FP8, transpose_rhs, recipe)
+    outs = self.run_fp8(*problems, transpose_rhs)
+    self.assert_products(outs, *dequantized, True, 1e-6)
+    self.assertTrue(all(not np.asarray(o).any() for o, (m, n, k) in zip(outs, MIXED_FP8) if k == 0))
+
+  def test_fp8_64_problems_in_several_launches(self):
+    shapes = [tuple(int(x) for x in self.rng.integers(1, 12, 3)) for _ in range(64)]
+    problems, dequantized = self.fp8_problems(shapes, True, "blocks-row")
+    with mock.patch.object(gm, "MAX_FP8_PROBLEMS_PER_LAUNCH", 30), \
+        mock.patch.object(gm, "_launch", wraps=gm._launch) as launch:
+      self.assert_products(self.run_fp8(*problems, True), *dequantized, True, 1e-6)
+    self.assertEqual([len(call.args[0]) for call in launch.call_args_list], [30, 30, 4])
+
+  def test_fp8_public_api(self):
+    """jgmm.grouped_matmul(backend="triton") with FP8 operands reaches the FP8 kernel (FP8 dots in the interpreter:
+    the check is only that the call is wired, so a loose tolerance)."""
+    problems, dequantized = self.fp8_problems([(20, 24, 130)], False, "blocks")
+    outs = jgmm.grouped_matmul(problems[0], problems[1], lhs_scales=problems[2], rhs_scales=problems[3],
+                               config=SMALL_FP8, backend="triton")
+    self.assert_products(outs, *dequantized, True, 1e-2, jnp.bfloat16)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: lowering for sm_90
 
@@ -264,6 +416,42 @@ class CrossLoweringTest(Base):
     text = self.lower(lambda l, r: jgmm.grouped_matmul(l, r), list(lhs), list(rhs))
     self.assertEqual(_custom_calls(text), 2)
 
+  def fp8_args(self, shapes, transpose_rhs):
+    """(lhs, rhs, lhs_scales, rhs_scales) of FP8 problems in DeepSeek-V3's blocks, as ShapeDtypeStructs."""
+    s, f8, f32 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn, jnp.float32
+    blocks = lambda size: -(-size // 128)
+    return ([s((m, k), f8) for m, n, k in shapes],
+            [s((n, k) if transpose_rhs else (k, n), f8) for m, n, k in shapes],
+            [s((m, blocks(k)), f32) for m, n, k in shapes],
+            [s((blocks(n), blocks(k)), f32) for m, n, k in shapes])
+
+  def lower_fp8(self, args, transpose_rhs):
+    """The number of custom calls, and the PTX of the kernels compiled for them."""
+    before = set(_compile._cache)
+    fn = lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=transpose_rhs)
+    calls = _custom_calls(self.lower(fn, *args))
+    return calls, [_compile._cache[key].asm["ptx"] for key in set(_compile._cache) - before]
+
+  @parameterized.parameters(False, True)
+  def test_fp8_e4m3_wgmma(self, transpose_rhs):
+    calls, ptxs = self.lower_fp8(self.fp8_args([(256, 512, 1024), (128, 256, 300), (64, 128, 129)], transpose_rhs),
+                                 transpose_rhs)
+    self.assertEqual(calls, 1)
+    self.assertNotEmpty(ptxs)
+    for ptx in ptxs:
+      self.assertIn(".target sm_90a", ptx)
+      self.assertRegex(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3")
+
+  def test_fp8_launches_fit_cuda_param_limit(self):
+    """More problems than MAX_FP8_PROBLEMS_PER_LAUNCH take two launches, each kernel's params within 4 KiB."""
+    args = self.fp8_args([(64, 64, 128)] * (gm.MAX_FP8_PROBLEMS_PER_LAUNCH + 1), True)
+    calls, ptxs = self.lower_fp8(args, True)
+    self.assertEqual(calls, 2)
+    param_bytes = [sum(int(bits) // 8 for bits in re.findall(r"\.param \.[ub](\d+)", ptx)) for ptx in ptxs]
+    self.assertLen(param_bytes, 2)
+    self.assertLessEqual(max(param_bytes), 4096)
+    self.assertGreater(max(param_bytes), 5 * 8 * gm.MAX_FP8_PROBLEMS_PER_LAUNCH)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
@@ -293,6 +481,31 @@ class GpuTest(Base):
     xla_outs = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, backend="xla"))(lhs, rhs)
     for t, x in zip(triton_outs, xla_outs):
       self.assertLess(oracle.rel_err(np.asarray(t, np.float32), np.asarray(x, np.float32)), GPU_TOLERANCE["bf16"])
+
+  @parameterized.product(recipe=("rowwise", "blocks"), transpose_rhs=(False, True))
+  def test_fp8(self, recipe, transpose_rhs):
+    shapes = [(4096, 16, 1024), (1000, 72, 7168), (37, 1024, 512), (2048, 1536, 256), (1, 1, 1), (513, 7, 129),
+              (0, 16, 16), (16, 16, 0), (129, 1000, 2049)]
+    problems, dequantized = self.fp8_problems(shapes, transpose_rhs, recipe)
+    outs = jax.jit(lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs,
+                                                            transpose_rhs=transpose_rhs,
+                                                            preferred_element_type=jnp.float32))(*problems)
+    self.assert_products(outs, *dequantized, True, 1e-3)  # test_fp8_kernels' GPU_TOL
+
+  def test_fp8_64_problems_deepgemm_criterion(self):
+    """DeepGEMM's bar: 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 against the bf16 product of the unquantised inputs."""
+    shapes = [tuple(int(x) for x in self.rng.integers(1, 700, 3)) for _ in range(63)] + [(256, 4096, 7168)]
+    lhs = [self.normal((m, k), jnp.bfloat16) for m, n, k in shapes]
+    rhs = [self.normal((n, k), jnp.bfloat16) for m, n, k in shapes]
+    (lhs_q, lhs_s, _), (rhs_q, rhs_s, _) = (
+        [list(x) for x in zip(*self.quantize_each([np.asarray(x, np.float32) for x in xs], recipe))]
+        for xs, recipe in ((lhs, "1x128"), (rhs, "128x128")))
+    outs = jax.jit(lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True))(
+        lhs_q, rhs_q, lhs_s, rhs_s)
+    want = jax.jit(lambda l, r: jgmm.grouped_matmul(l, r, transpose_rhs=True))(lhs, rhs)
+    self.assertEqual({o.dtype for o in outs}, {jnp.dtype(jnp.bfloat16)})
+    flat = lambda arrays: np.concatenate([np.asarray(x, np.float32).ravel() for x in arrays])
+    self.assertLess(oracle.deepgemm_diff(flat(outs), flat(want)), 1e-3, f"seed {self.seed}")  # over all outputs
 
 
 if __name__ == "__main__":

@@ -78,6 +78,15 @@ class QuantizeTest(parameterized.TestCase):
     self.assertEqual(scale[1, 0], np.inf)
     self.assertTrue(np.isnan(scale[1, 1]))
 
+  def test_empty_rows(self):
+    """K = 0: per-row scales of empty rows are 1 (one scale per row, as for any K), and dequantising gives (M, 0)."""
+    for recipe, scale_shape in (("row", (3,)), ("1x128", (3, 0)), ("128x128", (1, 0))):
+      q, scale = quantize.quantize(jnp.ones((3, 0)), recipe)
+      self.assertEqual((q.shape, scale.shape), ((3, 0), scale_shape))
+      np.testing.assert_array_equal(scale, 1.0)
+      self.assertEqual(quantize.dequantize(q, scale, recipe).shape, (3, 0))
+      self.assertEqual(quantize.scale_shape(recipe, (3, 0)), scale_shape)
+
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "recipe must be one of"):
       quantize.quantize(jnp.ones((4, 4)), "2x2")

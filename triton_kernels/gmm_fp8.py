@@ -34,6 +34,53 @@ SCALE_BLOCK = tl.constexpr(128)  # Elements per scale block along K (and along M
 
 
 @triton.jit
+def scale_pointers(lhs_scale_ptr, rhs_scale_ptr, row0, rows, n0, cols, KB, OFFSET: tl.constexpr,
+                   LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr):
+  """Pointers to the scales of a tile's rows row0 + rows (lhs_scale_ptr over (rows, KB) if LHS_BLOCKS, else
+  (rows,)) and columns n0 + cols (rhs_scale_ptr over one group's (NB, KB) if RHS_BLOCKS, else (N,))."""
+  if LHS_BLOCKS:
+    sa_ptr = lhs_scale_ptr + row0 * KB + rows.to(OFFSET) * KB
+  else:
+    sa_ptr = lhs_scale_ptr + row0 + rows
+  if RHS_BLOCKS:
+    sb_ptr = rhs_scale_ptr + ((n0 + cols) // SCALE_BLOCK) * KB
+  else:
+    sb_ptr = rhs_scale_ptr + n0 + cols
+  return sa_ptr, sb_ptr
+
+
+@triton.jit
+def scaled_step(acc, a, b, sa_ptr, sb_ptr, k0, row_mask, col_mask, LHS_BLOCKS: tl.constexpr,
+                RHS_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+  """acc plus the K step at k0's product a @ b, times its scale block's scales where the recipe has blocks (a step
+  of BLOCK_K <= 128 lies in one block). The product starts from zero either way: it is promoted to the float32
+  accumulator every step (module docstring)."""
+  if LHS_BLOCKS or RHS_BLOCKS:
+    kb = k0 // SCALE_BLOCK
+    if LHS_BLOCKS and RHS_BLOCKS:
+      scale = (tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None] *
+               tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :])
+    elif LHS_BLOCKS:
+      scale = tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None]
+    else:
+      scale = tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :]
+    acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale  # One FMA per element (FP fusion).
+  else:
+    acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+  return acc
+
+
+@triton.jit
+def scale_epilogue(acc, sa_ptr, sb_ptr, row_mask, col_mask, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr):
+  """acc times the per-row (not LHS_BLOCKS) and per-channel (not RHS_BLOCKS) scales, once after the K loop."""
+  if not LHS_BLOCKS:
+    acc *= tl.load(sa_ptr, mask=row_mask, other=0.0)[:, None]
+  if not RHS_BLOCKS:
+    acc *= tl.load(sb_ptr, mask=col_mask, other=0.0)[None, :]
+  return acc
+
+
+@triton.jit
 def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g, tile_row0, m_valid,
               store_rows, n0, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, RHS_NK: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr,
@@ -61,14 +108,9 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr
     b_ptr = rhs_ptr + g64 * (K * N) + n0
     b_offsets = ks.to(OFFSET)[:, None] * N + cols[None, :]
     b_step: tl.constexpr = BLOCK_K * N
-  if LHS_BLOCKS:
-    sa_ptr = lhs_scale_ptr + tile_row0 * KB + rows.to(OFFSET) * KB
-  else:
-    sa_ptr = lhs_scale_ptr + tile_row0 + rows
-  if RHS_BLOCKS:
-    sb_ptr = rhs_scale_ptr + g64 * (NB * KB) + ((n0 + cols) // SCALE_BLOCK) * KB
-  else:
-    sb_ptr = rhs_scale_ptr + g64 * N + n0 + cols
+  group_scales = rhs_scale_ptr + g64 * (NB * KB if RHS_BLOCKS else N)
+  sa_ptr, sb_ptr = scale_pointers(lhs_scale_ptr, group_scales, tile_row0, rows, n0, cols, KB, OFFSET, LHS_BLOCKS,
+                                  RHS_BLOCKS)
 
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   for k0 in range(0, K, BLOCK_K):
@@ -82,24 +124,10 @@ def _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr
       k_mask = ks < K - k0
       a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
       b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-    if LHS_BLOCKS or RHS_BLOCKS:
-      kb = k0 // SCALE_BLOCK
-      if LHS_BLOCKS and RHS_BLOCKS:
-        scale = (tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None] *
-                 tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :])
-      elif LHS_BLOCKS:
-        scale = tl.load(sa_ptr + kb, mask=row_mask, other=0.0)[:, None]
-      else:
-        scale = tl.load(sb_ptr + kb, mask=col_mask, other=0.0)[None, :]
-      acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale  # One FMA per element (FP fusion).
-    else:  # A fresh product per step too: promoted to the float32 accumulator every BLOCK_K (module docstring).
-      acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+    acc = scaled_step(acc, a, b, sa_ptr, sb_ptr, k0, row_mask, col_mask, LHS_BLOCKS, RHS_BLOCKS, DOT_PRECISION)
     a_ptr += BLOCK_K
     b_ptr += b_step
-  if not LHS_BLOCKS:
-    acc *= tl.load(sa_ptr, mask=row_mask, other=0.0)[:, None]
-  if not RHS_BLOCKS:
-    acc *= tl.load(sb_ptr, mask=col_mask, other=0.0)[None, :]
+  acc = scale_epilogue(acc, sa_ptr, sb_ptr, row_mask, col_mask, LHS_BLOCKS, RHS_BLOCKS)
   acc = tl.where(row_mask[:, None], acc, 0.0)
   store_tile(out_ptr + tile_row0 * N + n0, rows, rows < store_rows, cols, col_mask, N, acc, OFFSET)
 

@@ -23,13 +23,18 @@ times a block could pass 2^31), else int32. M_MULTIPLE, N_MULTIPLE, K_MULTIPLE: 
 divide every problem's M, N, K; the compiler then knows the row lengths' alignment and vectorises the loads
 along rows (cp.async of 16 bytes, which the software pipeline needs) where they are multiples of 16 bytes.
 
-FP8 hook: an FP8 variant would add per-problem scale tuples (like lhs_ptrs) and multiply acc by them before
-the store; the tile loop and the schedule stay as they are.
+FP8 (grouped_matmul_fp8_kernel): FP8 operands (or, under the interpreter, float32 holding FP8 values) with
+per-problem float32 scales in two more tuple params, lhs_scale_ptrs and rhs_scale_ptrs, in gmm_fp8_kernel's
+recipes (triton_kernels/gmm_fp8.py, whose helpers apply them): lhs_scale[p] (M_p,) per row or (M_p, KB_p) per 1x128
+block, rhs_scale[p] (N_p,) per channel or (NB_p, KB_p) per 128x128 block whatever rhs's layout (KB_p =
+cdiv(K_p, 128), NB_p = cdiv(N_p, 128)). Block scales multiply each BLOCK_K step's product (BLOCK_K <= 128, a power
+of 2, so a step lies in one block), row and channel scales the accumulator in the epilogue.
 """
 import triton
 import triton.language as tl
 
 from jgmm.triton_kernels.common import store_tile, tile_coords
+from jgmm.triton_kernels.gmm_fp8 import SCALE_BLOCK, scale_epilogue, scale_pointers, scaled_step
 
 TABLE_FIELDS = 6  # Rows of the problem table: tiles_end, first tile, problem, M, N, K.
 
@@ -58,6 +63,35 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
                           M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr,
                           OFFSET_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """All tiles of all P problems over a persistent grid (see the module docstring)."""
+  _all_tiles(lhs_ptrs, rhs_ptrs, None, None, problems_ptr, out_ptrs, P, P_POW2, NUM_TILES, BLOCK_M, BLOCK_N,
+             BLOCK_K, GROUP_M, TRANSPOSE_LHS, TRANSPOSE_RHS, M_MULTIPLE, N_MULTIPLE, K_MULTIPLE, OFFSET_64,
+             DOT_PRECISION, False, False, False)
+
+
+@triton.jit
+def grouped_matmul_fp8_kernel(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs,
+                              P: tl.constexpr, P_POW2: tl.constexpr, NUM_TILES: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              GROUP_M: tl.constexpr, TRANSPOSE_RHS: tl.constexpr,
+                              M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr,
+                              OFFSET_64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                              LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr):
+  """grouped_matmul_kernel's tiles of FP8 problems, scaled (the module docstring's FP8 paragraph)."""
+  tl.static_assert(BLOCK_K <= SCALE_BLOCK, "a K step must lie inside one 128-wide scale block")
+  _all_tiles(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, P, P_POW2, NUM_TILES,
+             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False, TRANSPOSE_RHS, M_MULTIPLE, N_MULTIPLE, K_MULTIPLE,
+             OFFSET_64, DOT_PRECISION, True, LHS_BLOCKS, RHS_BLOCKS)
+
+
+@triton.jit
+def _all_tiles(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs,
+               P: tl.constexpr, P_POW2: tl.constexpr, NUM_TILES: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr,
+               M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr,
+               OFFSET_64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               SCALED: tl.constexpr, LHS_BLOCKS: tl.constexpr, RHS_BLOCKS: tl.constexpr):
+  """The persistent loop of both kernels; the scale tuples are None unless SCALED."""
   OFFSET: tl.constexpr = tl.int64 if OFFSET_64 else tl.int32
   slots = tl.arange(0, P_POW2)
   tiles_end = tl.load(problems_ptr + slots)
@@ -95,13 +129,24 @@ def grouped_matmul_kernel(lhs_ptrs, rhs_ptrs, problems_ptr, out_ptrs,
       b_offsets = ks.to(OFFSET)[:, None] * n + cols[None, :]
       b_step = BLOCK_K * n.to(tl.int64)
 
+    if SCALED:
+      sa_ptr, sb_ptr = scale_pointers(select_pointer(lhs_scale_ptrs, p, P), select_pointer(rhs_scale_ptrs, p, P),
+                                      row0, rows, col0, cols, tl.cdiv(k, SCALE_BLOCK), OFFSET, LHS_BLOCKS,
+                                      RHS_BLOCKS)
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
       k_mask = ks < k - k0
       a = tl.load(a_ptr + a_offsets, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
       b = tl.load(b_ptr + b_offsets, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-      acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+      if SCALED:
+        acc = scaled_step(acc, a, b, sa_ptr, sb_ptr, k0, row_mask, col_mask, LHS_BLOCKS, RHS_BLOCKS,
+                          DOT_PRECISION)
+      else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
       a_ptr += a_step
       b_ptr += b_step
+    if SCALED:
+      acc = scale_epilogue(acc, sa_ptr, sb_ptr, row_mask, col_mask, LHS_BLOCKS, RHS_BLOCKS)
     out_ptr = select_pointer(out_ptrs, p, P) + row0 * n + col0
     store_tile(out_ptr, rows, row_mask, cols, col_mask, n, acc, OFFSET)
