@@ -149,8 +149,8 @@ class ShippedTableTest(TableTestBase):
 
   def test_a_model_with_its_own_table_reads_it(self):
     h100, sm90 = config_table.shipped_table("sm90", H100), config_table.shipped_table("sm90")
-    self.assertEqual(set(h100), set(sm90))
-    differing = [k for k in h100 if h100[k].config != sm90[k].config]
+    self.assertLessEqual(set(sm90), set(h100))  # The H100's own table keeps the generic one's keys and adds more.
+    differing = [k for k in sm90 if h100[k].config != sm90[k].config]
     self.assertNotEmpty(differing)  # Else this test could not tell the tables apart.
     for k in differing:
       self.assertEqual(config_table.select(k, arch="sm90", device_kind=H100).config, h100[k].config, k)
