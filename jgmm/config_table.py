@@ -401,11 +401,13 @@ def heuristic(op, dtype, rows_per_group, k, n):
   if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
     if op == "tgmm_fp8":
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=False)
+    elif op in ("masked_fp8", "gmm_t_fp8"):  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
+                      warp_specialized=True)
     elif rows_per_group <= 64:
       config = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)
-    else:  # K-major rhs: the warp-specialised kernel on Hopper (gmm_fp8_ws.py; docs/perf-notes.md, FP8 ws).
-      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
-                      warp_specialized=op in ("masked_fp8", "gmm_t_fp8"))
+    else:
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False)
   elif op == "tgmm":
     config = Config(block_m=128, block_n=128 if n <= 128 else 256, block_k=16 if rows_per_group <= 32 else 64,
                     num_warps=8, num_stages=3, tma=False)  # tgmm loads through pointers either way.

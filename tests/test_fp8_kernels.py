@@ -206,7 +206,7 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=expected_m, config=config)
     self.assert_fp8_wgmma(self.ptx(fn, s((g, max_m, k), f8), s((g, n, k), f8), s((g,), jnp.int32),
                                    s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
-                                   tma=config is not None or expected_m > 64))  # The default there: WS.
+                                   tma=True))  # A config's TMA loads, or the default there: WS.
 
   @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200), config=(WS, None))
   def test_warp_specialized(self, recipes, masked, k, config):

@@ -16,7 +16,7 @@ from jgmm.config import Config
 V1 = {False: Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False),
       True: Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)}  # rows <= 64
 WS = {f"ws_s{s}": Config(block_m=128, block_n=128, block_k=128, num_stages=s, warp_specialized=True)
-      for s in (4, 5, 6)}
+      for s in (4, 5)}
 RECIPES = {"blocks": ("1x128", "128x128"), "rowwise": ("row", "row")}
 
 wanted = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None
