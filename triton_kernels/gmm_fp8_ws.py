@@ -23,7 +23,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_ws import HALF, allocate, loader, release_stages, store_half, tile_of
+from jgmm.triton_kernels.gmm_ws import HALF, allocate, consumer_tile, loader, release_stages, store_half
 
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
@@ -65,10 +65,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
-    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
-    half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
-    row = row0 + H * HALF
+    g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = gl.arange(0, HALF, layout=ROWS) < half_rows
     cols = ni * BLOCK + gl.arange(0, BLOCK, layout=COLS)
     row64 = row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)

@@ -43,6 +43,16 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
 
 
 @gluon.jit
+def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr):
+  """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
+  half, rows to store of its half, column tile)."""
+  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+  half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+  half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
+  return g, row0 + H * HALF, rows, half_rows, half_store, ni
+
+
+@gluon.jit
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
             R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
             TRANSPOSE_RHS: gl.constexpr):
@@ -120,9 +130,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    _, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
-    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
-    half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
+    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       for kk in range(k_steps):
@@ -141,8 +149,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
     if rows > 0:
       step += k_steps
     if half_store > 0:
-      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row0 + H * HALF, ni * BLOCK_N, half_store, N, BLOCK_N,
-                 OUT_LAYOUT)
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_store, N, BLOCK_N, OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
