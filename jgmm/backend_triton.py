@@ -17,6 +17,7 @@ from jgmm import backend_xla, config_table, ffi
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
+from jgmm.triton_kernels import gmm_fp8_ws
 from jgmm.triton_kernels import gmm_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
@@ -349,6 +350,43 @@ def _fp8_descriptors(lhs_rows, rhs, rhs_nk, config, device, out_dtype):
   return (use_tma, *_descriptors(use_tma, lhs_rows, (config.block_m, config.block_k), rhs, rhs.shape, rhs_block))
 
 
+def _fp8_ws_ok(config, device, rows, k, n, num_groups, dtype, out_dtype):
+  """Whether an FP8 op with K-major rhs runs gmm_fp8_ws_kernel (config.warp_specialized, on sm_90)."""
+  return (config.warp_specialized and device.arch == "sm90" and device.tma and dtype.name == "float8_e4m3fn"
+          and geometry.gmm_fp8_ws_ok(rows, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n,
+                                     config.block_k, config.num_stages, config_table.shared_memory_limit(device.arch)))
+
+
+def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device):
+  """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
+  (G, NB, KB) or (G, N), schedule of row_tiles 128-row tiles (_row_tiles' format)."""
+  m, k = lhs.shape
+  num_groups, n, _ = rhs.shape
+  block = gmm_fp8_ws.BLOCK.value
+  lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (block, block), (gmm_ws.HALF.value, block)
+  return ffi.triton_call(
+      ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
+      ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
+                           layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
+      schedule, lhs_scale, rhs_scale, m,
+      kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, block)),),
+      num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG, name="jgmm_gmm_fp8_ws",
+      K=k, N=n, R_MAX=row_tiles, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3,
+      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
+
+
+def _masked_row_tiles(masked_m, max_m):
+  """gmm_fp8_ws_kernel's schedule (_row_tiles' format) of the masked layout viewed as G * max_m rows: per group,
+  one tile per 128 of its max_m rows, holding the rows < masked_m[g] of the group (none: a tile of zeros)."""
+  block_m = gmm_ws.BLOCK_M
+  m_tiles = geometry.cdiv(max_m, block_m)
+  r = jnp.arange(masked_m.shape[0] * m_tiles, dtype=jnp.int32)
+  group, first = r // m_tiles, r % m_tiles * block_m
+  return jnp.concatenate([jnp.full((1,), r.shape[0], jnp.int32), group, group * max_m + first,
+                          jnp.clip(masked_m[group] - first, 0, block_m), jnp.minimum(max_m - first, block_m)])
+
+
 def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
   """out (M, N) = (lhs * lhs_scale)[rows of g] @ (rhs[g] * rhs_scale[g]); rhs (G, N, K) if transpose_rhs, else
   (G, K, N); rows outside every group are zeros. Scales: backend_xla.gmm_fp8."""
@@ -365,6 +403,10 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   if config is None:
     return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                                out_dtype=out_dtype, config=None)
+  if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, lhs.dtype, out_dtype):
+    row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
+    return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles), row_tiles, lhs_scale, rhs_scale, out_dtype,
+                       config, device)
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
   use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
   return ffi.triton_call(
@@ -391,6 +433,11 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   if config is None:
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)
+  if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, x.dtype, out_dtype):
+    row_tiles = num_groups * geometry.cdiv(max_m, gmm_ws.BLOCK_M)
+    out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, _masked_row_tiles(masked_m, max_m), row_tiles,
+                      x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device)
+    return out.reshape(num_groups, max_m, n)
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
   use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(

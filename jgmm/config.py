@@ -23,7 +23,9 @@ class Config:
     loader warp and two consumer warpgroups, one program per SM) where it applies: 2-byte inputs and output, no
     bias, activation or existing_out, block_m 128, K a multiple of block_k unless rhs is transposed. num_stages
     is its ring of shared-memory stages; num_warps and programs_per_sm do not apply. Elsewhere gmm_kernel runs
-    with this config.
+    with this config. FP8 gmm with K-major rhs (transpose_rhs) and FP8 masked_gmm: the warp-specialised FP8
+    kernel (triton_kernels/gmm_fp8_ws.py) where block_m, block_n and block_k are 128, K a multiple of 16 and the
+    output's rows 16-byte multiples; the plain FP8 kernel elsewhere.
   """
   block_m: int = 128
   block_n: int = 128

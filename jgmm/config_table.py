@@ -401,6 +401,9 @@ def heuristic(op, dtype, rows_per_group, k, n):
   if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
     if op == "tgmm_fp8":
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=False)
+    elif op in ("masked_fp8", "gmm_t_fp8"):  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
+                      warp_specialized=True)
     elif rows_per_group <= 64:
       config = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)
     else:

@@ -24,6 +24,7 @@ from jgmm.triton_kernels import gmm_fp8
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
+WS = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, warp_specialized=True)
 # Against the float64 dequantised oracle on a GPU: Hopper's FP8 wgmma accumulates ~14 bits within a 128-wide K step
 # (promoted to float32 between steps): ~2.5e-4 relative error at K = 7168 (1.9e-3 without the promotion).
 GPU_TOL = 1e-3
@@ -205,7 +206,27 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=expected_m, config=config)
     self.assert_fp8_wgmma(self.ptx(fn, s((g, max_m, k), f8), s((g, n, k), f8), s((g,), jnp.int32),
                                    s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
-                                   tma=config is not None))
+                                   tma=True))  # A config's TMA loads, or the default there: WS.
+
+  @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200), config=(WS, None))
+  def test_warp_specialized(self, recipes, masked, k, config):
+    """WS, and the default config (heuristic) of these shapes: gmm_fp8_ws_kernel where the rows of lhs and rhs are
+    16-byte multiples for TMA (K % 16 == 0); the plain kernel with the same config elsewhere."""
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    g, rows, n, kb = 4, 1000, 4096, -(-k // 128)
+    lhs_scale = (rows,) if recipes[0] == "row" else (rows, kb)
+    rhs = (s((g, n, k), f8), s((g, n) if recipes[1] == "row" else (g, 32, kb), jnp.float32))
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+      if masked:
+        fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=None, config=config)
+        ptxs = self.ptx(fn, s((g, rows, k), f8), rhs[0], s((g,), jnp.int32), s((g, *lhs_scale), jnp.float32),
+                        rhs[1], tma=k % 16 == 0)
+      else:
+        fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=True, out_dtype=jnp.bfloat16, config=config)
+        ptxs = self.ptx(fn, s((rows, k), f8), rhs[0], s((g + 1,), jnp.int32), s(lhs_scale, jnp.float32), rhs[1],
+                        tma=k % 16 == 0)
+    self.assert_fp8_wgmma(ptxs)
+    self.assertEqual(ws_call.called, k % 16 == 0 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
 
   @parameterized.parameters(True, False)
   def test_tgmm(self, transpose_lhs):
@@ -295,6 +316,65 @@ class GpuFp8Test(Fp8KernelTestBase):
     want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(rhs_nk, rhs_scale, "128x128"),
                              masked_m)
     self.assert_close(out, want, GPU_TOL, "masked")
+
+  def poisoned(self, fn, *args):
+    """fn(*args) (one output) after freeing a NaN array of the output's shape and dtype: the allocator hands that
+    memory to the output, so an element the kernel leaves unwritten stays NaN."""
+    out = jax.eval_shape(fn, *args)
+    jnp.full(out.shape, jnp.nan, out.dtype).block_until_ready().delete()
+    return fn(*args)
+
+  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES)
+  def test_warp_specialized_masked(self, k, recipes):
+    """gmm_fp8_ws_kernel (where K % 16 == 0; the plain kernel with the same config else): masked_m of 0, max_m,
+    random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding NaN data and scales, row
+    tiles past max_m and column tiles past N, the last K block partial."""
+    groups, max_m, n = 6, 300, 1000
+    x, x_scale = self.quantized((groups, max_m, k), recipes[0])
+    w, w_scale = self.quantized((groups, n, k), recipes[1])
+    masked_m = np.array([0, max_m, self.rng.integers(1, max_m), 129, -5, max_m + 50], np.int32)
+    valid = np.clip(masked_m, 0, max_m)
+    want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), valid)
+    past = jnp.asarray(np.arange(max_m)[None, :] >= valid[:, None])
+    x_nan = jnp.where(past[..., None], jnp.nan, x.astype(jnp.float32)).astype(x.dtype)
+    x_scale_nan = jnp.where(past.reshape(past.shape + (1,) * (x_scale.ndim - 2)), jnp.nan, x_scale)
+    fn = jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], preferred_element_type=jnp.float32,
+                                            config=WS))
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+      out = np.asarray(self.poisoned(fn, x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale))
+    self.assertEqual(ws_call.called, k % 16 == 0)
+    self.assert_close(out, want, GPU_TOL)
+    np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
+
+  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES)
+  def test_warp_specialized_gmm(self, k, recipes):
+    """gmm_fp8_ws_kernel on contiguous groups (K-major rhs): an empty group, groups ending inside tiles, rows after
+    the last group (zeros)."""
+    m, n, groups = 1000, 1000, 6
+    lhs, lhs_scale = self.quantized((m, k), recipes[0])
+    rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
+    sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)
+    sizes[2] = 0
+    fn = jax.jit(lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
+                                     preferred_element_type=jnp.float32, config=WS))
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+      out = np.asarray(self.poisoned(fn, lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale))
+    self.assertEqual(ws_call.called, k % 16 == 0)
+    want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs, rhs_scale, "128x128"),
+                      sizes, transpose_rhs=True)
+    self.assert_close(out, want, GPU_TOL)
+    np.testing.assert_array_equal(out[m - 10:], 0.0)
+
+  @parameterized.parameters((4096, 7168), (7168, 2048))
+  def test_deepgemm_criterion_gmm(self, n, k):
+    groups, m = 4, 1000
+    x = jnp.asarray(self.rng.standard_normal((m, k)), jnp.bfloat16)
+    w = jnp.asarray(self.rng.standard_normal((groups, n, k)), jnp.bfloat16)
+    (xq, xs), (wq, ws) = quantize.quantize(x, "1x128"), quantize.quantize(w, "128x128")
+    sizes = jnp.asarray([300, 0, 451, 249], jnp.int32)
+    out = jgmm.gmm(xq, wq, sizes, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True)
+    want = jgmm.gmm(x, w, sizes, transpose_rhs=True)
+    self.assertLess(oracle.deepgemm_diff(out, want), 1e-3)
 
   @parameterized.parameters((4096, 7168), (7168, 2048))
   def test_deepgemm_criterion(self, n, k):

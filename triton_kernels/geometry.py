@@ -65,3 +65,13 @@ def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num
   return (block_m == 128 and _blocks_ok(block_n, block_k) and _strides_ok((k, n), 2)
           and (transpose_rhs or k % block_k == 0) and max(m, num_groups * max(k, n)) < _INT32_LIMIT
           and stages + 2 * 64 * block_n * 2 <= shared_memory)
+
+
+def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, num_stages, shared_memory):
+  """Whether gmm_fp8_ws_kernel (FP8 inputs, K-major rhs) runs this shape and tiling: 128 x 128 x 128 tiles, TMA
+  row strides of 16 bytes (lhs and rhs rows of K FP8 bytes, out rows of N elements), descriptor coordinates in
+  int32, and its shared memory (S stages of a 128-row lhs tile and a 128 x 128 rhs tile, two 64-row output tiles)
+  within shared_memory bytes."""
+  return ((block_m, block_n, block_k) == (128, 128, 128) and _strides_ok((k,), 1) and _strides_ok((n,), out_itemsize)
+          and max(m, num_groups * n) < _INT32_LIMIT
+          and num_stages * 2 * 128 * 128 + 2 * 64 * 128 * out_itemsize <= shared_memory)

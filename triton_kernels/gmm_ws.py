@@ -35,7 +35,7 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
+def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
   """(group, first row, rows of the group, rows to store, column tile) of tile t."""
   r = t // num_n
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
@@ -43,7 +43,17 @@ def _tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
 
 
 @gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
+def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr):
+  """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
+  half, rows to store of its half, column tile)."""
+  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+  half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+  half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
+  return g, row0 + H * HALF, rows, half_rows, half_store, ni
+
+
+@gluon.jit
+def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
             R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
             TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -51,7 +61,7 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: g
   half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = _tile(schedule_ptr, t, num_n, R_MAX)
+    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     if rows > 0:
       both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
       for kk in range(k_steps):
@@ -69,6 +79,47 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: g
 
 
 @gluon.jit
+def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """A program's shared memory: S stages of two lhs halves and one rhs tile, both consumers' output halves, and
+  the stages' `ready` (the loader's bytes landed) and `empty` (both consumers are done) mbarriers."""
+  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
+  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
+  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
+  ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+  empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+  for s in gl.static_range(S):
+    mbarrier.init(ready.index(s), count=1)
+    mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
+  return a_bufs, b_bufs, c_bufs, ready, empty
+
+
+@gluon.jit
+def release_stages(ready, empty, step, k_steps, S: gl.constexpr):
+  """A consumer whose half of the tile holds no row: waits for and releases the k_steps stages from `step` on,
+  so that its phases stay in step with the other consumer's."""
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    mbarrier.arrive(empty.index(slot))
+
+
+@gluon.jit
+def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.constexpr, BLOCK_N: gl.constexpr,
+               OUT_LAYOUT: gl.constexpr):
+  """Rows [row, row + half_store) of out (half_store <= 64) = the first rows of acc (64, BLOCK_N), through c_buf
+  and a TMA store: out_desc's (over out (M, N)) for a whole half, else a descriptor ending at its last row, which
+  clips the store (no tile writes a row of another)."""
+  tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
+  c_buf.store(acc.to(out_ptr.dtype.element_ty))
+  fence_async_shared()
+  if half_store == HALF:
+    _tma_store(out_desc, [row, col], c_buf)
+  else:
+    clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+    _tma_store(clipped, [row, col], c_buf)
+
+
+@gluon.jit
 def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
               N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
               TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
@@ -79,9 +130,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    _, row0, rows, store_rows, ni = _tile(schedule_ptr, t, num_n, R_MAX)
-    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
-    half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
+    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       for kk in range(k_steps):
@@ -96,23 +145,11 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
       mbarrier.arrive(empty.index((step + k_steps - 1) % S))
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        mbarrier.arrive(empty.index(slot))
+      release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
     if half_store > 0:
-      row = row0 + H * HALF
-      c_buf = c_bufs.index(H)
-      tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
-      c_buf.store(acc.to(out_ptr.dtype.element_ty))
-      fence_async_shared()
-      if half_store == HALF:
-        _tma_store(out_desc, [row, ni * BLOCK_N], c_buf)
-      else:  # A group's last rows: a descriptor ending at them clips the store.
-        clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
-        _tma_store(clipped, [row, ni * BLOCK_N], c_buf)
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_store, N, BLOCK_N, OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
@@ -123,26 +160,21 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT)."""
-  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
-  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
-  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
-  ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
-  empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
-  for s in gl.static_range(S):
-    mbarrier.init(ready.index(s), count=1)
-    mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
+      (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
                  TRANSPOSE_RHS)),
   ], [4, 1], [232, 40])
 
 
 def shared_layout(block_shape, dtype_name):
-  """The shared-memory layout of a (rows, columns) tile of dtype_name ("bfloat16" or "float16") in gmm_ws_kernel:
-  what its host descriptors and OUT_LAYOUT declare."""
-  dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name]
+  """The shared-memory layout of a (rows, columns) tile of dtype_name (a numpy name: "bfloat16", "float16",
+  "float32", "float8_e4m3fn") in gmm_ws_kernel or gmm_fp8_ws_kernel: what their host descriptors and OUT_LAYOUT
+  declare."""
+  dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16, "float32": gl.float32,
+           "float8_e4m3fn": gl.float8e4nv}[dtype_name]
   return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype)

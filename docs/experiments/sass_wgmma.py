@@ -2,7 +2,9 @@
 shape) and prints ptxas's resource line and C75xx warnings, and the SASS's sequence of HGMMA (H) and wgmma waits
 (wN: WARPGROUP.DEPBAR.LE gsb0, N). A pipelined main loop reads like HHHHw1; `Hw0` after every HGMMA means ptxas
 serialised them (session 6).
-    JAX_PLATFORMS=cpu python docs/experiments/sass_wgmma.py BLOCK_M:BLOCK_N:STAGES:{n|t} ...   (t: rhs transposed)"""
+    JAX_PLATFORMS=cpu python docs/experiments/sass_wgmma.py BLOCK_M:BLOCK_N:STAGES:{n|t} ...   (t: rhs transposed)
+fp8:blocks / fp8:rowwise compile gmm_fp8_ws_kernel instead (masked, DeepSeek-V3's (4096, 7168); QGMMA shows as H):
+its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling)."""
 import os
 import re
 import subprocess
@@ -19,14 +21,22 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 m, k, n, g = 32768, 2048, 1536, 128
 s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
 for arg in sys.argv[1:]:
-  block_m, block_n, stages, layout = arg.split(":")
-  tr = layout == "t"
-  config = Config(block_m=int(block_m), block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
-                  warp_specialized=True)
   _compile._cache.clear()
-  jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=tr, out_dtype=dt, activation=None,
-                                             save_preactivation=False, config=config)).trace(
-      s((m, k), dt), s((g, n, k) if tr else (g, k, n), dt), s((g + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+  if arg.startswith("fp8:"):
+    blocks, f8, fg, fm, fk, fn = arg == "fp8:blocks", jnp.float8_e4m3fn, 4, 1024, 7168, 4096
+    config = Config(block_m=128, block_n=128, block_k=128, num_stages=4, warp_specialized=True)
+    jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=dt, expected_m=None, config=config)).trace(
+        s((fg, fm, fk), f8), s((fg, fn, fk), f8), s((fg,), jnp.int32),
+        s((fg, fm, fk // 128) if blocks else (fg, fm), jnp.float32),
+        s((fg, fn // 128, fk // 128) if blocks else (fg, fn), jnp.float32)).lower(lowering_platforms=("cuda",))
+  else:
+    block_m, block_n, stages, layout = arg.split(":")
+    tr = layout == "t"
+    config = Config(block_m=int(block_m), block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
+                    warp_specialized=True)
+    jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=tr, out_dtype=dt, activation=None,
+                                               save_preactivation=False, config=config)).trace(
+        s((m, k), dt), s((g, n, k) if tr else (g, k, n), dt), s((g + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
   (compiled,) = _compile._cache.values()
   with tempfile.TemporaryDirectory() as d:
     with open(f"{d}/k.ptx", "w") as f:
@@ -35,8 +45,8 @@ for arg in sys.argv[1:]:
                            capture_output=True, text=True, check=True).stderr
     sass = subprocess.run([f"{BIN}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
                           check=True).stdout
-  seq = "".join("H" if "HGMMA" in line else "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
-                for line in sass.splitlines() if "HGMMA" in line or "WARPGROUP.DEPBAR" in line)
+  seq = "".join("H" if "GMMA" in line else "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
+                for line in sass.splitlines() if "GMMA" in line or "WARPGROUP.DEPBAR" in line)
   print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
   for line in ptxas.splitlines():
     if "Used" in line or "C75" in line:
