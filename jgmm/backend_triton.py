@@ -324,9 +324,17 @@ def within_scale_block(config):
   return dataclasses.replace(config, block_k=min(config.block_k, fp8_kernels.SCALE_BLOCK.value))
 
 
+def check_fp8_format(dtype, device):
+  """FP8 kernels take the GPU's own format: float8_e4m3fnuz is ROCm's, which CUDA's tensor cores do not read."""
+  if (device.arch or "").startswith("sm") and jnp.dtype(dtype) == jnp.float8_e4m3fnuz:
+    raise TypeError(f"float8_e4m3fnuz operands (ROCm's FP8 format) have no Triton kernel on CUDA ({device.arch}): "
+                    "quantise to float8_e4m3fn (jgmm.quantize(x, recipe, jnp.float8_e4m3fn)) or pass backend='xla'")
+
+
 def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
   """The selected config of an FP8 op (None where the table picks the portable backend), within_scale_block.
   scale: fp8_recipe's name, or "128x1" for tgmm."""
+  check_fp8_format(dtype, device)
   choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
                                                      scale=scale, **flags),
                                arch=device.arch, device_kind=device.kind, override=config)

@@ -286,6 +286,7 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
     kernel, name = kernels.grouped_matmul_fp8_kernel, "jgmm_grouped_matmul_fp8"
     flags = {"LHS_BLOCKS": scales[0][0].ndim == 2, "RHS_BLOCKS": scales[1][0].ndim == 2}
     recipe = backend_triton.fp8_recipe(flags["LHS_BLOCKS"], flags["RHS_BLOCKS"])
+    backend_triton.check_fp8_format(lhs[0].dtype, device)
   config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
   if scales is not None:
     config = backend_triton.within_scale_block(config)

@@ -237,6 +237,26 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
                                    s((g + 1,), jnp.int32), s((64, k) if transpose_lhs else (k, 64), jnp.float32),
                                    s((64, n), jnp.float32)))
 
+  def test_rocm_format_on_cuda_says_what_to_do(self):
+    """float8_e4m3fnuz (ROCm's) on CUDA: a TypeError naming the format and the fix, not a Triton compile error,
+    from each public FP8 op; e4m3fn is accepted (test_gmm)."""
+    s, fnuz, f32 = jax.ShapeDtypeStruct, jnp.float8_e4m3fnuz, jnp.float32
+    m, k, n, g = 64, 256, 128, 2
+    calls = {
+        "gmm": (lambda *a: jgmm.gmm(a[0], a[1], a[2], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True),
+                (s((m, k), fnuz), s((g, n, k), fnuz), s((g,), jnp.int32), s((m,), f32), s((g, n), f32))),
+        "masked_gmm": (lambda *a: jgmm.masked_gmm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4]),
+                       (s((g, m, k), fnuz), s((g, n, k), fnuz), s((g,), jnp.int32), s((g, m), f32), s((g, n), f32))),
+        "grouped_matmul": (lambda *a: jgmm.grouped_matmul([a[0]], [a[1]], lhs_scales=[a[2]], rhs_scales=[a[3]],
+                                                          transpose_rhs=True),
+                           (s((m, k), fnuz), s((n, k), fnuz), s((m,), f32), s((n,), f32))),
+    }
+    for name, (fn, args) in calls.items():
+      with self.subTest(name), mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+          self.assertRaisesRegex(TypeError, r"float8_e4m3fnuz .*ROCm.* no Triton kernel on CUDA \(sm90\).*"
+                                 r"float8_e4m3fn.*backend='xla'"):
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
