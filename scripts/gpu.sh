@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repo root, in one call: install, the GPU tests, the demo,
-# the bridge's overhead benchmark, then the grouped-GEMM benchmark, whose table prints last.
+# the bridge's overhead benchmark, the grouped-GEMM benchmark and the heterogeneous one (about 8 minutes on an H100).
 #   bash scripts/gpu.sh            (writes logs and JSON under $OUT when set)
 #   STEPS=tests bash scripts/gpu.sh / STEPS=bench bash scripts/gpu.sh: one half, where one call's time limit
 #   cannot hold both.
@@ -12,10 +12,13 @@ export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [[ $steps == *tests* ]]; then
-  python -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -n 25
+  # Several test processes share the GPU (tests/conftest.py turns off jax's up-front allocation): one process took
+  # more than a call's 10 minutes in session 10, six took 5.
+  python -m pytest -q -rf -n "${TEST_WORKERS:-6}" -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -n 25
 fi
 if [[ $steps == *bench* ]]; then
   python -m jgmm 2>&1 | tee "$out/demo.log"
   python -m jgmm.bench_ffi 2>&1 | tee "$out/bench_ffi.log"
-  python -m jgmm.bench --out "$out" 2>&1 | tee "$out/bench.log"
+  python -m jgmm.bench --ragged-cap "${RAGGED_CAP:-0.1}" --out "$out" 2>&1 | tee "$out/bench.log"
+  python -m jgmm.bench_hetero 2>&1 | tee "$out/bench_hetero.log"
 fi
