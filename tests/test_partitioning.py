@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import jgmm
 # The Triton kernels imported (decorated) outside the interpreter, which one test turns on, so they also compile.
-from jgmm import backend_triton, oracle, partitioning, primitives  # noqa: F401
+from jgmm import backend_triton, oracle, partitioning, primitives, quantize  # noqa: F401
 
 NUM_DEVICES = 8
 M, K, N, G = 72, 16, 24, 8
@@ -220,6 +220,28 @@ class PartitioningTest(parameterized.TestCase):
     lhs, rhs, sizes = _normal(rng, M, K), _normal(rng, G, K, N), _sizes(rng, G, M)
     self._run(kind, jgmm.ragged_dot, (lhs, rhs, sizes), (P("d"), P(), P()), [oracle.gmm(lhs, rhs, sizes)], [P("d")],
               reduces=False)
+
+  @parameterized.product(kind=tuple(MESHES), fp8=(False, True))
+  def test_grouped_matmul_rows(self, kind, fp8):
+    """Each lhs_i's rows (and, in FP8, its row scales) sharded, rhs_i replicated: out_i sharded like lhs_i."""
+    rng = np.random.default_rng(17)
+    shapes = [(16, 24, 12), (8, 8, 20)]  # (M_i, N_i, K_i)
+    lhs, rhs = [_normal(rng, m, k) for m, _, k in shapes], [_normal(rng, n, k) for _, n, k in shapes]
+    scales = []
+    if fp8:  # Per-row / per-channel recipe; the oracle multiplies the dequantised operands.
+      (lhs, lhs_s), (rhs, rhs_s) = (zip(*[quantize.quantize(x, "row") for x in xs]) for xs in (lhs, rhs))
+      scales = [*lhs_s, *rhs_s]
+    dequantized = lambda xs, ss: [oracle.dequantize(x, s, "row") for x, s in zip(xs, ss)] if fp8 else xs
+    expected = [np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+                for a, b in zip(dequantized(lhs, scales[:2]), dequantized(rhs, scales[2:]))]
+
+    def fn(l0, l1, r0, r1, *s):
+      kwargs = dict(lhs_scales=list(s[:2]), rhs_scales=list(s[2:])) if fp8 else {}
+      return jgmm.grouped_matmul([l0, l1], [r0, r1], transpose_rhs=True, preferred_element_type=jnp.float32,
+                                 **kwargs)
+
+    specs = (P("d"), P("d"), P(), P()) + ((P("d"), P("d"), P(), P()) if fp8 else ())
+    self._run(kind, fn, (*lhs, *rhs, *scales), specs, expected, [P("d"), P("d")], reduces=False)
 
   def test_triton_interpreted_explicit(self):
     """Triton in its interpreter (host callbacks: gathered, not partitioned) on an Explicit mesh, with grad."""
