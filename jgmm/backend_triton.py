@@ -358,9 +358,10 @@ def _fp8_descriptors(lhs_rows, rhs, rhs_nk, config, device, out_dtype):
   return (use_tma, *_descriptors(use_tma, lhs_rows, (config.block_m, config.block_k), rhs, rhs.shape, rhs_block))
 
 
-def _fp8_ws_ok(config, device, rows, k, n, num_groups, dtype, out_dtype):
-  """Whether an FP8 op with K-major rhs runs gmm_fp8_ws_kernel (config.warp_specialized, on sm_90)."""
-  return (config.warp_specialized and device.arch == "sm90" and device.tma and dtype.name == "float8_e4m3fn"
+def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype):
+  """Whether an FP8 op with K-major rhs runs gmm_fp8_ws_kernel (config.warp_specialized, on sm_90; float8_e4m3fn,
+  as check_fp8_format leaves on CUDA)."""
+  return (config.warp_specialized and device.arch == "sm90" and device.tma
           and geometry.gmm_fp8_ws_ok(rows, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n,
                                      config.block_k, config.num_stages, config_table.shared_memory_limit(device.arch)))
 
@@ -411,7 +412,7 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   if config is None:
     return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                                out_dtype=out_dtype, config=None)
-  if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, lhs.dtype, out_dtype):
+  if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype):
     row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
     return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles), row_tiles, lhs_scale, rhs_scale, out_dtype,
                        config, device)
@@ -441,7 +442,7 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   if config is None:
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)
-  if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, x.dtype, out_dtype):
+  if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, out_dtype):
     row_tiles = num_groups * geometry.cdiv(max_m, gmm_ws.BLOCK_M)
     out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, _masked_row_tiles(masked_m, max_m), row_tiles,
                       x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device)
