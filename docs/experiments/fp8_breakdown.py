@@ -1,0 +1,101 @@
+"""Where the FP8 training recipe (jgmm.fp8_gmm) and the heterogeneous FP8 case spend their time (issues 15, 18).
+
+    python docs/experiments/fp8_breakdown.py [recipe] [hetero]
+
+recipe: each piece of fp8_gmm's forward and backward timed alone (jitted, interleaved) on the dsv3 cases of
+jgmm.bench, beside the bf16 products they replace and the whole fwd+bwd of both.
+hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernel, beside its
+bf16 kernel and the bf16 jnp.dot loop.
+"""
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jgmm
+from jgmm import bench, bench_hetero, quantize, timing
+from jgmm.config import Config
+
+
+def recipe(name, m, k, n, g):
+  inp = bench.Inputs(m, k, n, g)
+  x, w, gs, dout = inp.x, inp.w, inp.group_sizes, inp.dout
+  q_rows = jax.jit(lambda a: quantize.quantize(a, "1x128"))
+  q_cols = jax.jit(lambda a: quantize.quantize(a, "128x1"))
+  q_weights = jax.jit(lambda w: quantize.quantize(jnp.swapaxes(w, 1, 2), "128x128"))
+  xq, xs = q_rows(x)
+  wq, ws = q_weights(w)
+  dq, ds = q_rows(dout)
+  xt, xts = q_cols(x)
+  dt, dts = q_cols(dout)
+  gmm_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.gmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True))
+  dlhs_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.gmm(a, jnp.swapaxes(b, 1, 2), gs, lhs_scale=s,
+                                                     rhs_scale=jnp.swapaxes(t, 1, 2), transpose_rhs=True))
+  tgmm_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_lhs=True))
+  gmm = jax.jit(lambda a, b, gs: jgmm.gmm(a, b, gs))
+  gmm_t = jax.jit(lambda a, b, gs: jgmm.gmm(a, b, gs, transpose_rhs=True))
+  tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
+  wt_copy = jax.jit(lambda b: jnp.swapaxes(b, 1, 2) + 0)
+  fb = lambda fn: jax.jit(jax.value_and_grad(lambda x, w, gs, d: bench._loss(fn(x, w, gs), d), argnums=(0, 1)))
+  fp8_fb, bf16_fb = fb(jgmm.fp8_gmm), fb(jgmm.gmm)
+  s = timing.jax_sync
+  fns = {
+      "q x 1x128": (lambda: q_rows(x), s),
+      "q w (G,N,K) 128x128": (lambda: q_weights(w), s),
+      "q dout 1x128": (lambda: q_rows(dout), s),
+      "q x 128x1": (lambda: q_cols(x), s),
+      "q dout 128x1": (lambda: q_cols(dout), s),
+      "wq transposed copy": (lambda: wt_copy(wq), s),
+      "fwd gmm_t fp8": (lambda: gmm_fp8(xq, xs, wq, ws, gs), s),
+      "dlhs gmm fp8 (+swapaxes)": (lambda: dlhs_fp8(dq, ds, wq, ws, gs), s),
+      "drhs tgmm fp8": (lambda: tgmm_fp8(xt, xts, dt, dts, gs), s),
+      "fwd gmm bf16": (lambda: gmm(x, w, gs), s),
+      "dlhs gmm_t bf16": (lambda: gmm_t(dout, w, gs), s),
+      "drhs tgmm bf16": (lambda: tgmm(x, dout, gs), s),
+      "fp8_gmm fwd+bwd": (lambda: fp8_fb(x, w, gs, dout), s),
+      "gmm bf16 fwd+bwd": (lambda: bf16_fb(x, w, gs, dout), s),
+  }
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  print(f"\n{name} (M={m}, K={k}, N={n}, G={g})")
+  for piece, t in ms.items():
+    print(f"  {piece:28s} {t:8.3f} ms")
+
+
+def hetero():
+  shapes = bench_hetero.CASES["prefill16-fp8"]
+  lhs, rhs = bench_hetero._inputs(shapes)
+  lhs_q, lhs_s = zip(*[quantize.quantize(a, "1x128") for a in lhs])
+  rhs_q, rhs_s = zip(*[quantize.quantize(b.T, "128x128") for b in rhs])
+  configs = {
+      "default": None,
+      "128x128x128 w8 s3": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
+      "128x256x128 w8 s3": Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3),
+      "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
+      "64x128x128 w4 s5": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5),
+      "128x128x128 w4 s4": Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4),
+      "128x128x128 w8 s4 2/SM": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2,
+                                       programs_per_sm=2),
+  }
+  fns = {}
+  for label, config in configs.items():
+    f = jax.jit(lambda l, r, ls, rs, config=config: jgmm.grouped_matmul(
+        l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True, config=config))
+    fns["fp8 " + label] = (lambda f=f: f(lhs_q, rhs_q, lhs_s, rhs_s), timing.jax_sync)
+  impls = bench_hetero._jax_impls(lhs, rhs)
+  fns["bf16 jgmm"], fns["bf16 dot_loop"] = impls["jgmm"], impls["dot_loop"]
+  flops = sum(2 * m * n * k for m, n, k in shapes)
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  print("\nprefill16-fp8")
+  for label, t in ms.items():
+    print(f"  {label:28s} {t:8.3f} ms  {flops / t / 1e9:6.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+  what = sys.argv[1:] or ["recipe", "hetero"]
+  print("device:", jax.devices()[0].device_kind)
+  if "hetero" in what:
+    hetero()
+  if "recipe" in what:
+    for case in bench.CASES:
+      if case[0] in ("dsv3-ep8-gateup", "dsv3-ep8-down"):
+        recipe(*case)
