@@ -458,10 +458,10 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       DOT_PRECISION=_dot_precision(None))
 
 
-def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
-  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)[rows of g], scales per 128 rows
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
+  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g], scales per 128 rows
   of M (backend_xla.tgmm_fp8); empty groups are exact zeros."""
-  m, n = rhs.shape
+  n, m = rhs.shape if transpose_rhs else rhs.shape[::-1]
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups = bounds.shape[0] - 1
   out_dtype = jnp.dtype(out_dtype)
@@ -472,7 +472,7 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype
                        transpose=transpose_lhs)
   if config is None:
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
-                                out_dtype=out_dtype, config=None)
+                                transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
@@ -480,4 +480,4 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      DOT_PRECISION=_dot_precision(None))
+      TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None))

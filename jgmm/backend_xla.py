@@ -185,11 +185,12 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
                     out_dtype=out_dtype, expected_m=expected_m, config=config)
 
 
-def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
-  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)[rows of g]: scales per 128 rows
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
+  """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g]: scales per 128 rows
   of M (lhs_scale (cdiv(M, 128), K) with lhs (M, K), (K, cdiv(M, 128)) with lhs (K, M); rhs_scale
-  (cdiv(M, 128), N))."""
+  (cdiv(M, 128), N) with rhs (M, N), (N, cdiv(M, 128)) with rhs (N, M))."""
   lhs = quantize.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128")
-  rhs = quantize.dequantize(rhs, rhs_scale, "128x1")
+  rhs = quantize.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")
+  rhs = rhs.T if transpose_rhs else rhs
   return tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
               config=config)

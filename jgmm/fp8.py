@@ -17,7 +17,10 @@ tgmm (the weight gradient out[g] = lhs[rows of g]^T @ rhs[rows of g]) contracts 
 its scales run along M: blocks of 128 rows of one column, on the global grid of M (row r is in block r // 128,
 whatever group it belongs to; a block may span two groups, which is exact: scales are per element).
 lhs_scale is (cdiv(M, 128), K) for lhs (M, K) (transpose_lhs, `quantize(lhs, "128x1")`) or (K, cdiv(M, 128))
-for lhs (K, M) (`quantize(lhs, "1x128")`); rhs_scale (cdiv(M, 128), N) (`quantize(rhs, "128x1")`).
+for lhs (K, M) (`quantize(lhs, "1x128")`); rhs_scale (cdiv(M, 128), N) for rhs (M, N) (`quantize(rhs, "128x1")`)
+or (N, cdiv(M, 128)) for rhs (N, M) (transpose_rhs, `quantize(rhs, "1x128")`). Store both M-contiguous, lhs (K, M)
+and rhs (N, M): Hopper's FP8 wgmma reads K-major operands (the contracted M here), and the kernel transposes any
+other layout through registers, unpipelined (7.7x slower on an H100, docs/perf-notes.md).
 
 Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There are no derivative rules: FP8
 operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.
@@ -43,10 +46,11 @@ def _masked_gmm_shapes(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
 
 
-def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype, config):
+def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
   del lhs_scale, rhs_scale, config
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
-  return [jax.core.ShapedArray((bounds.shape[0] - 1, k, rhs.shape[1]), out_dtype)]
+  n = rhs.shape[0] if transpose_rhs else rhs.shape[1]
+  return [jax.core.ShapedArray((bounds.shape[0] - 1, k, n), out_dtype)]
 
 
 _gmm_p = primitives._define("gmm_fp8", _gmm_shapes)
@@ -77,17 +81,18 @@ def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None,
   return out
 
 
-def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, preferred_element_type=None,
-         group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False, precision=None, config=None,
-         backend=None):
-  """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N), scales along M: see the module docstring.
-  existing_out, bias_grad and precision are not supported with FP8 (a clear error)."""
+def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, transpose_rhs=False,
+         preferred_element_type=None, group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False,
+         precision=None, config=None, backend=None):
+  """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N) / (N, M), scales along M: see the module docstring
+  (lhs (K, M) and rhs (N, M) are the fast layouts on Hopper). existing_out, bias_grad and precision are not
+  supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
-      lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
-      num_actual_groups, existing_out, bias_grad, precision, config, backend)
+      lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
+      group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend)
   bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
-  (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
-                   config=config, backend=backend)
+  (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
+                   out_dtype=out_dtype, config=config, backend=backend)
   return out
 
 
@@ -103,24 +108,32 @@ class _RecipeStatic(NamedTuple):
   backend: str | None
 
 
-def _weights_nk(rhs, s):
-  """rhs quantised in 128x128 blocks, in the K-major (G, N, K) layout of the forward product."""
-  return quantize.quantize(rhs if s.transpose_rhs else jnp.swapaxes(rhs, 1, 2), "128x128", s.fp8_dtype)
+def _weights(rhs, s):
+  """rhs quantised in 128x128 blocks in its own layout (a block's scale is the same whichever way the block is
+  read): (q, scales), as (G, K, N) with (G, KB, NB) scales, or (G, N, K) with (G, NB, KB) when transpose_rhs."""
+  return quantize.quantize(rhs, "128x128", s.fp8_dtype)
+
+
+def _swapped(q, scale):
+  """The other layout of FP8 weights and their block scales: one transposed FP8 copy."""
+  return jnp.swapaxes(q, 1, 2), jnp.swapaxes(scale, 1, 2)
 
 
 def _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s):
+  """The FP8 product on weights quantised by _weights: its K-major (G, N, K) layout is what FP8 wgmma reads."""
   lhs_q, lhs_scale = quantize.quantize(lhs, "1x128", s.fp8_dtype)
-  return gmm(lhs_q, rhs_q, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_rhs=True,
+  rhs_nk, rhs_nk_scale = (rhs_q, rhs_scale) if s.transpose_rhs else _swapped(rhs_q, rhs_scale)
+  return gmm(lhs_q, rhs_nk, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_nk_scale, transpose_rhs=True,
              preferred_element_type=s.out_dtype, group_offset=group_offset, config=s.config, backend=s.backend)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _fp8_gmm(lhs, rhs, group_sizes, group_offset, s):
-  return _forward(lhs, *_weights_nk(rhs, s), group_sizes, group_offset, s)
+  return _forward(lhs, *_weights(rhs, s), group_sizes, group_offset, s)
 
 
 def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
-  rhs_q, rhs_scale = _weights_nk(rhs, s)
+  rhs_q, rhs_scale = _weights(rhs, s)
   out = _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s)
   return out, (lhs, rhs_q, rhs_scale, group_sizes, group_offset)
 
@@ -128,17 +141,20 @@ def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
 def _fp8_gmm_bwd(s, residuals, dout):
   lhs, rhs_q, rhs_scale, group_sizes, group_offset = residuals
   common = dict(group_offset=group_offset, backend=s.backend)
-  # dlhs = dout @ rhs[g]^T: dout 1x128 along N; the forward's FP8 weights transposed to (G, K, N), K-major for
-  # this product (contracting N), with the same 128x128 blocks (their scales transposed).
+  # dlhs = dout @ rhs[g]^T: dout 1x128 along N; the forward's FP8 weights as (G, K, N), K-major for this product
+  # (contracting N), with the same 128x128 blocks.
   dout_q, dout_scale = quantize.quantize(dout, "1x128", s.fp8_dtype)
-  dlhs = gmm(dout_q, jnp.swapaxes(rhs_q, 1, 2), group_sizes, lhs_scale=dout_scale,
-             rhs_scale=jnp.swapaxes(rhs_scale, 1, 2), transpose_rhs=True, preferred_element_type=lhs.dtype, **common)
-  # drhs = lhs[rows]^T @ dout[rows] per group: both quantised per 128 rows of M (tgmm's recipe).
-  lhs_t, lhs_t_scale = quantize.quantize(lhs, "128x1", s.fp8_dtype)
-  dout_t, dout_t_scale = quantize.quantize(dout, "128x1", s.fp8_dtype)
+  rhs_kn, rhs_kn_scale = _swapped(rhs_q, rhs_scale) if s.transpose_rhs else (rhs_q, rhs_scale)
+  dlhs = gmm(dout_q, rhs_kn, group_sizes, lhs_scale=dout_scale, rhs_scale=rhs_kn_scale, transpose_rhs=True,
+             preferred_element_type=lhs.dtype, **common)
+  # drhs = lhs[rows]^T @ dout[rows] per group, contracting M: both quantised per 128 rows of M and laid out
+  # M-contiguous, lhs^T (K, M) and dout^T (N, M) (each one pass that transposes as it quantises), the K-major layout
+  # FP8 tgmm reads at speed.
+  lhs_t, lhs_t_scale = quantize.quantize(lhs.T, "1x128", s.fp8_dtype)
+  dout_t, dout_t_scale = quantize.quantize(dout.T, "1x128", s.fp8_dtype)
   a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if s.transpose_rhs else
                             (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
-  drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_lhs=True,
+  drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_rhs=True,
               preferred_element_type=lhs.dtype, num_actual_groups=rhs_q.shape[0], **common)
   return dlhs, drhs, None, None
 
@@ -151,10 +167,12 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
             backend: str | None = None) -> jax.Array:
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
 
-  Forward: lhs quantised per 1x128 block, rhs per 128x128 block (in the K-major (G, N, K) layout), one FP8 gmm.
+  Forward: lhs quantised per 1x128 block, rhs per 128x128 block (in its own layout; the product reads it as
+  (G, N, K), one FP8 transposed copy where rhs is (G, K, N)), one FP8 gmm.
   Backward: dout quantised per 1x128 block; dlhs = dout @ rhs[g]^T by an FP8 gmm on the forward's FP8 weights
-  transposed; drhs by an FP8 tgmm of lhs and dout quantised per 128 rows of M (jgmm.fp8's tgmm recipe). The
-  gradients are those of the quantised products (a recipe, not the exact derivative of the FP8 forward).
+  read as (G, K, N) (the transposed copy where rhs is (G, N, K)); drhs by an FP8 tgmm of lhs^T (K, M) and dout^T
+  (N, M) quantised per 128 rows of M (jgmm.fp8's tgmm recipe, in its fast layout). The gradients are those of the
+  quantised products (a recipe, not the exact derivative of the FP8 forward).
 
   Args:
     lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.

@@ -95,8 +95,9 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, bias: jax.Arr
 
 
 def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lhs: bool = False,
-         preferred_element_type: jnp.dtype | None = None, group_offset: int | jax.Array | None = None,
-         num_actual_groups: int | None = None, existing_out: jax.Array | None = None, bias_grad: bool = False,
+         transpose_rhs: bool = False, preferred_element_type: jnp.dtype | None = None,
+         group_offset: int | jax.Array | None = None, num_actual_groups: int | None = None,
+         existing_out: jax.Array | None = None, bias_grad: bool = False,
          precision: lax.PrecisionLike = None, config: Config | dict | None = None,
          backend: str | None = None, lhs_scale: jax.Array | None = None,
          rhs_scale: jax.Array | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
@@ -105,9 +106,11 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
   Args:
     lhs: (K, M), or (M, K) when transpose_lhs (read transposed, no copy); float32/bfloat16/float16, or FP8 with
       lhs_scale.
-    rhs: (M, N), lhs's dtype.
+    rhs: (M, N), or (N, M) when transpose_rhs; lhs's dtype.
     group_sizes: (G_total,) integer rows per group.
     transpose_lhs: lhs is (M, K).
+    transpose_rhs: rhs is (N, M): read in place with FP8 (with lhs (K, M), the layout Hopper's FP8 tensor cores
+      read), through one transposed copy otherwise.
     preferred_element_type: output dtype; default lhs's dtype.
     group_offset: optional int or int array of shape () or (1,), first group computed.
     num_actual_groups: optional int G <= G_total: compute groups [group_offset, group_offset + G).
@@ -116,22 +119,23 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
     precision, config, backend: as for gmm.
     lhs_scale, rhs_scale: float32 scales of FP8 lhs and rhs (jgmm.fp8), per 128 rows of M of each column:
       lhs_scale (cdiv(M, 128), K) for lhs (M, K) or (K, cdiv(M, 128)) for lhs (K, M); rhs_scale
-      (cdiv(M, 128), N). FP8 output defaults to bfloat16; no existing_out, bias_grad or precision with FP8.
+      (cdiv(M, 128), N) for rhs (M, N) or (N, cdiv(M, 128)) for rhs (N, M). FP8 output defaults to bfloat16;
+      no existing_out, bias_grad or precision with FP8.
 
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32).
   """
   if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
-                    preferred_element_type=preferred_element_type, group_offset=group_offset,
-                    num_actual_groups=num_actual_groups, existing_out=existing_out, bias_grad=bias_grad,
-                    precision=precision, config=config, backend=backend)
+                    transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type,
+                    group_offset=group_offset, num_actual_groups=num_actual_groups, existing_out=existing_out,
+                    bias_grad=bias_grad, precision=precision, config=config, backend=backend)
   m, _, _, num_groups, out_dtype, precision, config, backend = validation.check_tgmm(
-      lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset, num_actual_groups,
+      lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_element_type, group_offset, num_actual_groups,
       existing_out, bias_grad, precision, config, backend)
   bounds = group_bounds(group_sizes, group_offset, num_groups, m)
-  outs = primitives.tgmm(lhs, rhs, bounds, existing_out, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
-                         bias_grad=bias_grad, precision=precision, config=config, backend=backend)
+  outs = primitives.tgmm(lhs, rhs.T if transpose_rhs else rhs, bounds, existing_out, transpose_lhs=transpose_lhs,
+                         out_dtype=out_dtype, bias_grad=bias_grad, precision=precision, config=config, backend=backend)
   return tuple(outs) if bias_grad else outs[0]
 
 

@@ -177,19 +177,20 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
   return m, k, n, out_n, out_dtype, _precision(precision), config_lib.as_config(config), _backend(backend)
 
 
-def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, preferred_element_type, group_offset,
+def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_element_type, group_offset,
                num_actual_groups, existing_out, bias_grad, precision, config, backend, fp8=False):
   """Validates tgmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, num_groups, out_dtype, precision,
   config, backend)."""
   lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
+  rhs_layout = "(N, M)" if _flag("transpose_rhs", transpose_rhs) else "(M, N)"
   _float_array("lhs", lhs, 2, lhs_layout, fp8)
-  _float_array("rhs", rhs, 2, "(M, N)", fp8)
+  _float_array("rhs", rhs, 2, rhs_layout, fp8)
   _same_dtype("rhs", rhs, "lhs", lhs)
   m, k = lhs.shape if transpose_lhs else lhs.shape[::-1]
-  if rhs.shape[0] != m:
-    raise ValueError(f"rhs must be (M, N) with M = {m} (lhs is {tuple(lhs.shape)} in layout {lhs_layout}), "
+  n, rhs_m = rhs.shape if transpose_rhs else rhs.shape[::-1]
+  if rhs_m != m:
+    raise ValueError(f"rhs must be {rhs_layout} with M = {m} (lhs is {tuple(lhs.shape)} in layout {lhs_layout}), "
                      f"got shape {tuple(rhs.shape)}")
-  n = rhs.shape[1]
   _int_array("group_sizes", group_sizes, 1, "(G,)")
   _static_groups("group_sizes", group_sizes, 0, "(G,)")
   total_groups = group_sizes.shape[0]
@@ -490,18 +491,21 @@ def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_typ
   return out_dtype, config, backend
 
 
-def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, preferred_element_type, group_offset,
-                   num_actual_groups, existing_out, bias_grad, precision, config, backend):
+def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs,
+                   preferred_element_type, group_offset, num_actual_groups, existing_out, bias_grad, precision, config,
+                   backend):
   """Validates FP8 tgmm's arguments; returns (m, num_groups, out_dtype, config, backend)."""
   _no_fp8_option("existing_out", existing_out)
   _no_fp8_option("precision", precision)
   _no_fp8_option("bias_grad", bias_grad, False)
   m, k, n, num_groups, out_dtype, _, config, backend = check_tgmm(
-      lhs, rhs, group_sizes, transpose_lhs, _fp8_out_dtype(preferred_element_type), group_offset, num_actual_groups,
-      None, False, None, config, backend, fp8=True)
+      lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, _fp8_out_dtype(preferred_element_type), group_offset,
+      num_actual_groups, None, False, None, config, backend, fp8=True)
   mb = _cdiv(m, 128)
   lhs_option = ("(cdiv(M, 128), K)", (mb, k), "128x1 blocks") if transpose_lhs else (
       "(K, cdiv(M, 128))", (k, mb), "1x128 blocks of lhs (K, M)")
+  rhs_option = ("(N, cdiv(M, 128))", (n, mb), "1x128 blocks of rhs (N, M)") if transpose_rhs else (
+      "(cdiv(M, 128), N)", (mb, n), "128x1 blocks")
   _scale("lhs_scale", lhs_scale, "lhs", [lhs_option])
-  _scale("rhs_scale", rhs_scale, "rhs", [("(cdiv(M, 128), N)", (mb, n), "128x1 blocks")])
+  _scale("rhs_scale", rhs_scale, "rhs", [rhs_option])
   return m, num_groups, out_dtype, config, backend

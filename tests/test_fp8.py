@@ -100,20 +100,26 @@ class Fp8OpsTest(Fp8TestBase):
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[3], 0.0)
 
-  @parameterized.parameters((True, 129), (False, 7), (True, 1))
-  def test_tgmm(self, transpose_lhs, k):
+  @parameterized.parameters((True, False, 129), (False, False, 7), (True, False, 1), (False, True, 129),
+                            (True, True, 7))
+  def test_tgmm(self, transpose_lhs, transpose_rhs, k):
     m, n = 300, 20  # 128-row scale blocks that span groups
     sizes = np.array([0, 100, 0, 150, 30], np.int32)  # 20 rows in no group
-    lhs_mk, rhs = self.normal((m, k)), self.normal((m, n))
+    lhs_mk, rhs_mn = self.normal((m, k)), self.normal((m, n))
     if transpose_lhs:
       lhs, lhs_scale = quantize.quantize(lhs_mk, "128x1")
     else:
       lhs, lhs_scale = quantize.quantize(lhs_mk.T, "1x128")
-    rhs, rhs_scale = quantize.quantize(rhs, "128x1")
+    if transpose_rhs:
+      rhs, rhs_scale = quantize.quantize(rhs_mn.T, "1x128")
+    else:
+      rhs, rhs_scale = quantize.quantize(rhs_mn, "128x1")
     out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
-                    transpose_lhs=transpose_lhs, preferred_element_type=jnp.float32, backend=self.backend)
+                    transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32,
+                    backend=self.backend)
+    rhs_deq = oracle.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")
     want, _ = oracle.tgmm(oracle.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128"),
-                          oracle.dequantize(rhs, rhs_scale, "128x1"), sizes, transpose_lhs=transpose_lhs)
+                          rhs_deq.T if transpose_rhs else rhs_deq, sizes, transpose_lhs=transpose_lhs)
     self.assert_close(out, want)
     np.testing.assert_array_equal(out[0], 0.0)
 
@@ -244,6 +250,10 @@ BAD_CALLS = {
     "tgmm_km_lhs_scale_shape": (jgmm.tgmm, _tgmm_args(lhs=S((40, 300), F8), transpose_lhs=False), ValueError,
                                 r"lhs_scale must have shape \(K, cdiv\(M, 128\)\) = \(40, 3\).*\(3, 40\)"),
     "tgmm_rhs_scale_missing": (jgmm.tgmm, _tgmm_args(rhs_scale=None), ValueError, r"rhs_scale is required"),
+    "tgmm_nm_rhs_scale_shape": (jgmm.tgmm, _tgmm_args(rhs=S((24, 300), F8), transpose_rhs=True), ValueError,
+                                r"rhs_scale must have shape \(N, cdiv\(M, 128\)\) = \(24, 3\).*\(3, 24\)"),
+    "tgmm_nm_rhs_rows": (jgmm.tgmm, _tgmm_args(rhs=S((300, 24), F8), transpose_rhs=True), ValueError,
+                         r"rhs must be \(N, M\) with M = 300 .*got shape \(300, 24\)"),
     "tgmm_bias_grad": (jgmm.tgmm, _tgmm_args(bias_grad=True), ValueError, r"bias_grad is not supported with FP8"),
 }
 

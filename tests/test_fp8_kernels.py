@@ -63,9 +63,10 @@ def run_masked(x, w, masked_m, x_scale, w_scale, *, out_dtype=jnp.float32, confi
   return fn(x, w, jnp.asarray(masked_m, jnp.int32), x_scale, w_scale)
 
 
-def run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, out_dtype=jnp.float32, config=SMALL):
-  fn = jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, out_dtype=out_dtype,
-                                                  config=config))
+def run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs=False, out_dtype=jnp.float32,
+             config=SMALL):
+  fn = jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
+                                                  out_dtype=out_dtype, config=config))
   return fn(lhs, rhs, jnp.asarray(bounds, jnp.int32), lhs_scale, rhs_scale)
 
 
@@ -117,20 +118,29 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[2, 1:], 0.0)
 
-  @parameterized.parameters((True, 40, 24), (False, 7, 33), (True, 1, 16))
-  def test_tgmm(self, transpose_lhs, k, n):
+  @parameterized.parameters(
+      # Groups that start and end inside 32-row steps, an empty one, one inside a single step, rows in no group.
+      (True, False, 40, 24, [10, 10, 150, 151, 290]),
+      (False, True, 7, 33, [10, 10, 150, 151, 290]),
+      (True, True, 1, 16, [10, 10, 150, 151, 290]),
+      # Groups on step boundaries (no partial first or last step), one of exactly one step, the last to M.
+      (False, False, 130, 20, [0, 64, 96, 96, 300]),
+      (False, True, 40, 24, [32, 64, 70, 75, 288]))
+  def test_tgmm(self, transpose_lhs, transpose_rhs, k, n, bounds):
     m = 300  # three 128-row scale blocks, spanning groups
-    bounds = np.array([10, 10, 150, 151, 290], np.int32)  # empty groups, rows outside every group
+    bounds = np.array(bounds, np.int32)
     lhs_mk, lhs_mk_scale = self.quantized((m, k), "128x1", jnp.float32)
-    rhs, rhs_scale = self.quantized((m, n), "128x1", jnp.float32)
+    rhs_mn, rhs_mn_scale = self.quantized((m, n), "128x1", jnp.float32)
     lhs, lhs_scale = (lhs_mk, lhs_mk_scale) if transpose_lhs else (lhs_mk.T, lhs_mk_scale.T)
-    out = run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs)
+    rhs, rhs_scale = (rhs_mn.T, rhs_mn_scale.T) if transpose_rhs else (rhs_mn, rhs_mn_scale)
+    out = run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs)
     sizes, offset = groups_of(bounds)
-    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
-                          sizes,
-                          transpose_lhs=True, group_offset=offset, num_actual_groups=4)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"),
+                          oracle.dequantize(rhs_mn, rhs_mn_scale, "128x1"), sizes, transpose_lhs=True,
+                          group_offset=offset, num_actual_groups=4)
     self.assert_close(out, want, 1e-5)
-    np.testing.assert_array_equal(out[0], 0.0)
+    for g in np.flatnonzero(np.diff(bounds) == 0):
+      np.testing.assert_array_equal(out[g], 0.0)
 
   @parameterized.parameters((RECIPES[0],), (RECIPES[1],))
   def test_nan_scales_stay_in_their_rows(self, recipes):
@@ -228,14 +238,21 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(ptxs)
     self.assertEqual(ws_call.called, k % 16 == 0 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
 
-  @parameterized.parameters(True, False)
-  def test_tgmm(self, transpose_lhs):
+  @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False))
+  def test_tgmm(self, transpose_lhs, transpose_rhs):
+    """FP8 wgmma in every layout; in the M-contiguous one (lhs (K, M), rhs (N, M)) the operands come through
+    asynchronous copies, the software pipeline's (other layouts are transposed through registers)."""
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
     m, k, n, g = 8192, 2048, 4096, 8
-    fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, out_dtype=jnp.bfloat16, config=None)
-    self.assert_fp8_wgmma(self.ptx(fn, s((m, k) if transpose_lhs else (k, m), f8), s((m, n), f8),
-                                   s((g + 1,), jnp.int32), s((64, k) if transpose_lhs else (k, 64), jnp.float32),
-                                   s((64, n), jnp.float32)))
+    fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
+                                            out_dtype=jnp.bfloat16, config=None)
+    _compile._cache.clear()  # The kernels of other layouts have the same signature: keep only this one's.
+    (ptx,) = self.ptx(fn, s((m, k) if transpose_lhs else (k, m), f8), s((n, m) if transpose_rhs else (m, n), f8),
+                      s((g + 1,), jnp.int32), s((64, k) if transpose_lhs else (k, 64), jnp.float32),
+                      s((n, 64) if transpose_rhs else (64, n), jnp.float32))
+    self.assert_fp8_wgmma([ptx])
+    if transpose_rhs and not transpose_lhs:
+      self.assertIn("cp.async.cg.shared.global", ptx)
 
   def test_rocm_format_on_cuda_says_what_to_do(self):
     """float8_e4m3fnuz (ROCm's) on CUDA: a TypeError naming the format and the fix, not a Triton compile error,
@@ -298,18 +315,18 @@ class GpuFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
 
-  @parameterized.parameters(True, False)
-  def test_tgmm(self, transpose_lhs):
-    m, k, n, groups = 3000, 1000, 520, 5
+  @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False), m=(3000, 3008))
+  def test_tgmm(self, transpose_lhs, transpose_rhs, m):
+    k, n, groups = 1000, 520, 5
     lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
-    rhs, rhs_scale = self.quantized((m, n), "128x1")
+    rhs_mn, rhs_scale = self.quantized((m, n), "128x1")
     lhs, lhs_scale_arg = (lhs_mk, lhs_scale) if transpose_lhs else (lhs_mk.T, lhs_scale.T)
-    sizes = np.array([0, 1000, 7, 1800, 100], np.int32)
-    out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale,
-                    transpose_lhs=transpose_lhs, preferred_element_type=jnp.float32)
-    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs, rhs_scale, "128x1"),
-                          sizes,
-                          transpose_lhs=True)
+    rhs, rhs_scale_arg = (rhs_mn.T, rhs_scale.T) if transpose_rhs else (rhs_mn, rhs_scale)
+    sizes = np.array([0, 1000, 7, 1800, m - 2900], np.int32)
+    out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale_arg,
+                    transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs_mn, rhs_scale, "128x1"),
+                          sizes, transpose_lhs=True)
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
 

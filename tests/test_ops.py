@@ -156,7 +156,11 @@ class OpsTestBase(parameterized.TestCase):
     sizes = group_sizes(kind, m, g, self.rng)
     lhs = self.normal((m, k) if transpose_lhs else (k, m), DTYPES[dtype])
     rhs = self.normal((m, n), DTYPES[dtype])
+    # rhs (M, N) as given, and as (N, M) with transpose_rhs: the same product.
+    out_t, dbias_t = self.tgmm(lhs, rhs.T, sizes, transpose_lhs=transpose_lhs, transpose_rhs=True, bias_grad=True)
     out, dbias = self.tgmm(lhs, rhs, sizes, transpose_lhs=transpose_lhs, bias_grad=True)
+    np.testing.assert_array_equal(np.asarray(out_t, np.float32), np.asarray(out, np.float32))
+    np.testing.assert_array_equal(dbias_t, dbias)
     expected, expected_dbias = oracle.tgmm(lhs, rhs, sizes, transpose_lhs=transpose_lhs)
     self.assertEqual(dbias.dtype, jnp.float32)
     self.assert_close(out, expected, dtype)
@@ -206,14 +210,14 @@ class OpsTestBase(parameterized.TestCase):
                                      config=self.config, backend=self.backend)
     self.check_grads(f, (lhs, rhs, bias, existing))
 
-  @parameterized.parameters(False, True)
-  def test_tgmm_grads(self, transpose_lhs):
+  @parameterized.product(transpose_lhs=(False, True), transpose_rhs=(False, True))
+  def test_tgmm_grads(self, transpose_lhs, transpose_rhs):
     m, k, n, g = 24, 8, 12, 3
     sizes = group_sizes("zeros", m, g, self.rng)
     lhs = self.normal((m, k) if transpose_lhs else (k, m), jnp.float32)
-    rhs = self.normal((m, n), jnp.float32)
-    f = lambda x, y: jgmm.tgmm(x, y, sizes, transpose_lhs=transpose_lhs, bias_grad=True,
-                               config=self.config, backend=self.backend)
+    rhs = self.normal((n, m) if transpose_rhs else (m, n), jnp.float32)
+    f = lambda x, y: jgmm.tgmm(x, y, sizes, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
+                               bias_grad=True, config=self.config, backend=self.backend)
     self.check_grads(f, (lhs, rhs))
 
   def test_masked_gmm_grads(self):

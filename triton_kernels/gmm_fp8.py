@@ -11,8 +11,10 @@ Scales, float32, row-major:
   accumulator (acc += dot(a, b) * sa[:, None] * sb[None, :]; BLOCK_K <= 128 keeps a step inside one block), row
   and channel scales multiply the accumulator once in the epilogue.
 tgmm's scales run along M, per 128 rows on the global grid of M: lhs (MB, K) (lhs (M, K)) or (K, MB) (lhs (K, M)),
-rhs (MB, N), MB = cdiv(M, 128); its steps of BLOCK_K rows are aligned to that grid (a step's first row is a multiple
-of BLOCK_K), so each step lies in one scale block.
+rhs (MB, N) (rhs (M, N)) or (N, MB) (rhs (N, M)), MB = cdiv(M, 128); its steps of BLOCK_K rows are aligned to that
+grid (a step's first row is a multiple of BLOCK_K), so each step lies in one scale block. Hopper's FP8 wgmma reads
+both operands K-major (here: M contiguous), so tgmm is fast with lhs (K, M) and rhs (N, M) only: any other layout
+is transposed through registers on every step, with no asynchronous copies (7.7x slower on an H100).
 
 Precision: Hopper's FP8 wgmma accumulates with reduced precision (~14 bits: a K = 7168 product accumulated
 in one tl.dot measured 1.9e-3 relative error on an H100). As DeepGEMM does, each BLOCK_K (<= 128) step's product
@@ -192,16 +194,53 @@ def masked_gmm_fp8_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, x_scale_pt
 
 
 @triton.jit
+def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start, end, M, MB,
+                   ki, ni, k_rows, k_mask, cols, n_mask, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_LHS: tl.constexpr,
+                   TRANSPOSE_RHS: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+  """acc plus the scaled product of rows [r0, r0 + BLOCK_K) (r0 a multiple of BLOCK_K). EDGE: the step holds rows
+  outside [start, end), masked one by one; otherwise every row is the group's and the loads are masked along K and N
+  only, so that they stay vectorised along the rows (a per-row mask would cut them to single elements, and
+  asynchronous copies, which the software pipeline needs, to nothing)."""
+  local = tl.arange(0, BLOCK_K)
+  r064 = tl.cast(r0, tl.int64)
+  scale_row = r064 // SCALE_BLOCK
+  if TRANSPOSE_LHS:
+    a_ptr = lhs_ptr + r064 * K + ki * BLOCK_M
+    sa_ptr = lhs_scale_ptr + scale_row * K + k_rows
+  else:
+    a_ptr = lhs_ptr + tl.cast(ki * BLOCK_M, tl.int64) * M + r064
+    sa_ptr = lhs_scale_ptr + k_rows.to(tl.int64) * MB + scale_row
+  if TRANSPOSE_RHS:
+    b_ptr = rhs_ptr + tl.cast(ni * BLOCK_N, tl.int64) * M + r064
+    sb_ptr = rhs_scale_ptr + cols.to(tl.int64) * MB + scale_row
+  else:
+    b_ptr = rhs_ptr + r064 * N + ni * BLOCK_N
+    sb_ptr = rhs_scale_ptr + scale_row * N + cols
+  if EDGE:
+    r_mask = (r0 + local >= start) & (r0 + local < end)
+    a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+    b = tl.load(b_ptr + b_offsets, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+  else:
+    a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None], other=0.0)
+    b = tl.load(b_ptr + b_offsets, mask=n_mask[None, :], other=0.0)
+  sa = tl.load(sa_ptr, mask=k_mask, other=0.0)
+  sb = tl.load(sb_ptr, mask=n_mask, other=0.0)
+  return acc + tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None] * sb[None, :]
+
+
+@triton.jit
 def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                     K: tl.constexpr, N: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    TRANSPOSE_LHS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-  """out[g] (K, N) = lhs_KM[:, rows of g] @ rhs[rows of g], scaled per 128 rows (module docstring).
+                    TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+  """out[g] (K, N) = lhs_KM[:, rows of g] @ rhs_MN[rows of g], scaled per 128 rows (module docstring).
 
-  lhs (K, M), or (M, K) if TRANSPOSE_LHS; rhs (M, N); bounds (G + 1,) int32. Output tiles BLOCK_M (along K) x
-  BLOCK_N, G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) of them, persistent over the grid; each reduces its group's
-  rows in steps of BLOCK_K rows aligned to multiples of BLOCK_K (rows outside the group masked). Empty groups
-  store exact zeros.
+  lhs (K, M), or (M, K) if TRANSPOSE_LHS; rhs (M, N), or (N, M) if TRANSPOSE_RHS; bounds (G + 1,) int32. Output
+  tiles BLOCK_M (along K) x BLOCK_N, G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) of them, persistent over the grid; each
+  reduces its group's rows in steps of BLOCK_K rows aligned to multiples of BLOCK_K: the steps wholly inside the
+  group in one pipelined loop, the first and last, partly outside it, with rows masked (_tgmm_fp8_step). Empty
+  groups store exact zeros.
   """
   K_TILES: tl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -219,7 +258,10 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
     a_offsets = local.to(OFFSET)[None, :] * K + k_local[:, None]
   else:  # lhs (K, M): element [k, r] at k * M + r; M is only known at run time: int64 offsets
     a_offsets = k_local.to(tl.int64)[:, None] * M + local[None, :]
-  b_offsets = local.to(OFFSET)[:, None] * N + n_local[None, :]
+  if TRANSPOSE_RHS:  # rhs (N, M): element [r, n] at n * M + r
+    b_offsets = local[:, None] + n_local.to(tl.int64)[None, :] * M
+  else:  # rhs (M, N): element [r, n] at r * N + n
+    b_offsets = local.to(OFFSET)[:, None] * N + n_local[None, :]
 
   num_programs = tl.num_programs(0)
   for tile in range(tl.program_id(0), G * K_TILES * N_TILES, num_programs):
@@ -232,22 +274,20 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
     k_mask = k_rows < K
     cols = ni * BLOCK_N + n_local
     n_mask = cols < N
+    body_start = tl.cdiv(start, BLOCK_K) * BLOCK_K  # The steps wholly inside [start, end): [body_start, body_end).
+    body_end = (end // BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range((start // BLOCK_K) * BLOCK_K, end, BLOCK_K):
-      r = r0 + local
-      r_mask = (r >= start) & (r < end)
-      r064 = tl.cast(r0, tl.int64)
-      scale_row = r064 // SCALE_BLOCK
-      if TRANSPOSE_LHS:
-        a_ptr = lhs_ptr + r064 * K + ki * BLOCK_M
-        sa_ptr = lhs_scale_ptr + scale_row * K + k_rows
-      else:
-        a_ptr = lhs_ptr + tl.cast(ki * BLOCK_M, tl.int64) * M + r064
-        sa_ptr = lhs_scale_ptr + k_rows.to(tl.int64) * MB + scale_row
-      a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
-      b = tl.load(rhs_ptr + r064 * N + ni * BLOCK_N + b_offsets, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-      sa = tl.load(sa_ptr, mask=k_mask, other=0.0)
-      sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask, other=0.0)
-      acc += tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None] * sb[None, :]
+    if start < body_start:  # The step holding start (and end too, where the group lies inside one step).
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
+                           body_start - BLOCK_K, start, end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N,
+                           BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
+    for r0 in range(body_start, body_end, BLOCK_K):
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start,
+                           end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, False, DOT_PRECISION)
+    if (body_start <= body_end) & (body_end < end):  # The step holding end, after the body.
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
+                           start, end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
     out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
     store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)

@@ -22,16 +22,21 @@ def recipe(name, m, k, n, g):
   x, w, gs, dout = inp.x, inp.w, inp.group_sizes, inp.dout
   q_rows = jax.jit(lambda a: quantize.quantize(a, "1x128"))
   q_cols = jax.jit(lambda a: quantize.quantize(a, "128x1"))
-  q_weights = jax.jit(lambda w: quantize.quantize(jnp.swapaxes(w, 1, 2), "128x128"))
+  q_rows_t = jax.jit(lambda a: quantize.quantize(a.T, "1x128"))
+  q_weights_t = jax.jit(lambda w: quantize.quantize(jnp.swapaxes(w, 1, 2), "128x128"))
+  q_weights = jax.jit(lambda w: quantize.quantize(w, "128x128"))
   xq, xs = q_rows(x)
-  wq, ws = q_weights(w)
+  wq, ws = q_weights_t(w)
   dq, ds = q_rows(dout)
   xt, xts = q_cols(x)
   dt, dts = q_cols(dout)
+  xtt, xtts = q_rows_t(x)
+  dtt, dtts = q_rows_t(dout)
   gmm_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.gmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True))
   dlhs_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.gmm(a, jnp.swapaxes(b, 1, 2), gs, lhs_scale=s,
                                                      rhs_scale=jnp.swapaxes(t, 1, 2), transpose_rhs=True))
   tgmm_fp8 = jax.jit(lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_lhs=True))
+  tgmm_fp8_km = jax.jit(lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True))
   gmm = jax.jit(lambda a, b, gs: jgmm.gmm(a, b, gs))
   gmm_t = jax.jit(lambda a, b, gs: jgmm.gmm(a, b, gs, transpose_rhs=True))
   tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
@@ -41,14 +46,18 @@ def recipe(name, m, k, n, g):
   s = timing.jax_sync
   fns = {
       "q x 1x128": (lambda: q_rows(x), s),
-      "q w (G,N,K) 128x128": (lambda: q_weights(w), s),
+      "q w swapped (G,N,K) 128x128": (lambda: q_weights_t(w), s),
+      "q w (G,K,N) 128x128": (lambda: q_weights(w), s),
       "q dout 1x128": (lambda: q_rows(dout), s),
       "q x 128x1": (lambda: q_cols(x), s),
       "q dout 128x1": (lambda: q_cols(dout), s),
+      "q x^T (K,M) 1x128": (lambda: q_rows_t(x), s),
+      "q dout^T (N,M) 1x128": (lambda: q_rows_t(dout), s),
       "wq transposed copy": (lambda: wt_copy(wq), s),
       "fwd gmm_t fp8": (lambda: gmm_fp8(xq, xs, wq, ws, gs), s),
       "dlhs gmm fp8 (+swapaxes)": (lambda: dlhs_fp8(dq, ds, wq, ws, gs), s),
-      "drhs tgmm fp8": (lambda: tgmm_fp8(xt, xts, dt, dts, gs), s),
+      "drhs tgmm fp8 (M,K)x(M,N)": (lambda: tgmm_fp8(xt, xts, dt, dts, gs), s),
+      "drhs tgmm fp8 (K,M)x(N,M)": (lambda: tgmm_fp8_km(xtt, xtts, dtt, dtts, gs), s),
       "fwd gmm bf16": (lambda: gmm(x, w, gs), s),
       "dlhs gmm_t bf16": (lambda: gmm_t(dout, w, gs), s),
       "drhs tgmm bf16": (lambda: tgmm(x, dout, gs), s),
@@ -69,12 +78,14 @@ def hetero():
   configs = {
       "default": None,
       "128x128x128 w8 s3": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
-      "128x256x128 w8 s3": Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3),
       "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
       "64x128x128 w4 s5": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5),
-      "128x128x128 w4 s4": Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4),
-      "128x128x128 w8 s4 2/SM": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2,
-                                       programs_per_sm=2),
+      "64x128x128 w4 s4 2/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                      programs_per_sm=2),
+      "64x128x128 w4 s3 3/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3,
+                                      programs_per_sm=3),
+      "64x256x128 w4 s3 2/SM": Config(block_m=64, block_n=256, block_k=128, num_warps=4, num_stages=3,
+                                      programs_per_sm=2),
   }
   fns = {}
   for label, config in configs.items():
