@@ -1,11 +1,12 @@
 """Where the FP8 training recipe (jgmm.fp8_gmm) and the heterogeneous FP8 case spend their time (issues 15, 18).
 
-    python docs/experiments/fp8_breakdown.py [recipe] [hetero]
+    python docs/experiments/fp8_breakdown.py [recipe] [hetero] [tgmm]
 
 recipe: each piece of fp8_gmm's forward and backward timed alone (jitted, interleaved) on the dsv3 cases of
 jgmm.bench, beside the bf16 products they replace and the whole fwd+bwd of both.
 hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernel, beside its
 bf16 kernel and the bf16 jnp.dot loop.
+tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under several configs, beside the bf16 tgmm.
 """
 import sys
 
@@ -101,12 +102,43 @@ def hetero():
     print(f"  {label:28s} {t:8.3f} ms  {flops / t / 1e9:6.0f} TFLOP/s")
 
 
+def tgmm_configs(name, m, k, n, g):
+  """The FP8 tgmm of fp8_gmm's backward (lhs^T (K, M), dout^T (N, M)) under several configs."""
+  inp = bench.Inputs(m, k, n, g)
+  q = jax.jit(lambda a: quantize.quantize(a.T, "1x128"))
+  (xt, xts), (dt, dts) = q(inp.x), q(inp.dout)
+  configs = {
+      "default": None,
+      "128x128x128 w8 s4": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
+      "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
+      "64x128x128 w4 s4 2/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                      programs_per_sm=2),
+      "64x128x128 w4 s3 3/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3,
+                                      programs_per_sm=3),
+      "128x128x128 w8 s2 2/SM": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2,
+                                       programs_per_sm=2),
+  }
+  fns = {}
+  for label, config in configs.items():
+    f = jax.jit(lambda a, s, b, t, gs, config=config: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t,
+                                                                transpose_rhs=True, config=config))
+    fns[label] = (lambda f=f: f(xt, xts, dt, dts, inp.group_sizes), timing.jax_sync)
+  tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
+  fns["bf16 tgmm"] = (lambda: tgmm(inp.x, inp.dout, inp.group_sizes), timing.jax_sync)
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  print(f"\ntgmm fp8 {name} (M={m}, K={k}, N={n}, G={g})")
+  for label, t in ms.items():
+    print(f"  {label:28s} {t:8.3f} ms  {2 * m * k * n / t / 1e9:6.0f} TFLOP/s")
+
+
 if __name__ == "__main__":
-  what = sys.argv[1:] or ["recipe", "hetero"]
+  what = sys.argv[1:] or ["recipe", "hetero", "tgmm"]
   print("device:", jax.devices()[0].device_kind)
   if "hetero" in what:
     hetero()
-  if "recipe" in what:
-    for case in bench.CASES:
-      if case[0] in ("dsv3-ep8-gateup", "dsv3-ep8-down"):
+  for case in bench.CASES:
+    if case[0] in ("dsv3-ep8-gateup", "dsv3-ep8-down"):
+      if "recipe" in what:
         recipe(*case)
+      if "tgmm" in what:
+        tgmm_configs(*case)
