@@ -474,6 +474,9 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
                                 transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
+  # The kernel reads the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
+  lhs_scale = lhs_scale if transpose_lhs else lhs_scale.T
+  rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),

@@ -10,11 +10,12 @@ Scales, float32, row-major:
   with KB = cdiv(K, 128), NB = cdiv(N, 128). Block scales multiply each BLOCK_K step's product before it joins the
   accumulator (acc += dot(a, b) * sa[:, None] * sb[None, :]; BLOCK_K <= 128 keeps a step inside one block), row
   and channel scales multiply the accumulator once in the epilogue.
-tgmm's scales run along M, per 128 rows on the global grid of M: lhs (MB, K) (lhs (M, K)) or (K, MB) (lhs (K, M)),
-rhs (MB, N) (rhs (M, N)) or (N, MB) (rhs (N, M)), MB = cdiv(M, 128); its steps of BLOCK_K rows are aligned to that
-grid (a step's first row is a multiple of BLOCK_K), so each step lies in one scale block. Hopper's FP8 wgmma reads
-both operands K-major (here: M contiguous), so tgmm is fast with lhs (K, M) and rhs (N, M) only: any other layout
-is transposed through registers on every step, with no asynchronous copies (7.7x slower on an H100).
+tgmm's scales run along M, per 128 rows on the global grid of M: lhs (MB, K) and rhs (MB, N) whatever the operands'
+layouts (a step's scales are then one contiguous row of each), MB = cdiv(M, 128); its steps of BLOCK_K rows are
+aligned to that grid (a step's first row is a multiple of BLOCK_K), so each step lies in one scale block.
+Hopper's FP8 wgmma reads both operands K-major (here: M contiguous), so tgmm is fast with lhs (K, M) and rhs (N, M)
+only: any other layout is transposed through registers on every step, with no asynchronous copies (2.9x slower on
+an H100).
 
 Precision: Hopper's FP8 wgmma accumulates with reduced precision (~14 bits: a K = 7168 product accumulated
 in one tl.dot measured 1.9e-3 relative error on an H100). As DeepGEMM does, each BLOCK_K (<= 128) step's product
@@ -194,8 +195,8 @@ def masked_gmm_fp8_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, x_scale_pt
 
 
 @triton.jit
-def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start, end, M, MB,
-                   ki, ni, k_rows, k_mask, cols, n_mask, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start, end, M, ki,
+                   ni, k_rows, k_mask, cols, n_mask, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_LHS: tl.constexpr,
                    TRANSPOSE_RHS: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """acc plus the scaled product of rows [r0, r0 + BLOCK_K) (r0 a multiple of BLOCK_K). EDGE: the step holds rows
@@ -207,16 +208,14 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
   scale_row = r064 // SCALE_BLOCK
   if TRANSPOSE_LHS:
     a_ptr = lhs_ptr + r064 * K + ki * BLOCK_M
-    sa_ptr = lhs_scale_ptr + scale_row * K + k_rows
   else:
     a_ptr = lhs_ptr + tl.cast(ki * BLOCK_M, tl.int64) * M + r064
-    sa_ptr = lhs_scale_ptr + k_rows.to(tl.int64) * MB + scale_row
   if TRANSPOSE_RHS:
     b_ptr = rhs_ptr + tl.cast(ni * BLOCK_N, tl.int64) * M + r064
-    sb_ptr = rhs_scale_ptr + cols.to(tl.int64) * MB + scale_row
   else:
     b_ptr = rhs_ptr + r064 * N + ni * BLOCK_N
-    sb_ptr = rhs_scale_ptr + scale_row * N + cols
+  sa = tl.load(lhs_scale_ptr + scale_row * K + k_rows, mask=k_mask, other=0.0)
+  sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask, other=0.0)
   if EDGE:
     r_mask = (r0 + local >= start) & (r0 + local < end)
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
@@ -224,8 +223,6 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
   else:
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None], other=0.0)
     b = tl.load(b_ptr + b_offsets, mask=n_mask[None, :], other=0.0)
-  sa = tl.load(sa_ptr, mask=k_mask, other=0.0)
-  sb = tl.load(sb_ptr, mask=n_mask, other=0.0)
   return acc + tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None] * sb[None, :]
 
 
@@ -246,7 +243,6 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   OFFSET: tl.constexpr = tl.int64 if max(BLOCK_M, BLOCK_K) * max(K, N) >= 2**31 else tl.int32
   tl.static_assert(BLOCK_K <= SCALE_BLOCK, "a step of rows must lie inside one 128-row scale block")
-  MB = tl.cdiv(M, SCALE_BLOCK)
   group = tl.arange(0, G_POW2)
   in_table = group < G
   starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
@@ -279,15 +275,15 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if start < body_start:  # The step holding start (and end too, where the group lies inside one step).
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
-                           body_start - BLOCK_K, start, end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N,
+                           body_start - BLOCK_K, start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N,
                            BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
     for r0 in range(body_start, body_end, BLOCK_K):
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start,
-                           end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
                            TRANSPOSE_LHS, TRANSPOSE_RHS, False, DOT_PRECISION)
     if (body_start <= body_end) & (body_end < end):  # The step holding end, after the body.
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
-                           start, end, M, MB, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
                            TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
     out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
     store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
