@@ -8,6 +8,7 @@ hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogen
 bf16 kernel and the bf16 jnp.dot loop.
 tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under several configs, beside the bf16 tgmm.
 """
+import functools
 import sys
 
 import jax
@@ -71,35 +72,44 @@ def recipe(name, m, k, n, g):
     print(f"  {piece:28s} {t:8.3f} ms")
 
 
+# The configs both FP8 experiments try (the default: the heuristic's or the table's).
+CONFIGS = {
+    "default": None,
+    "128x128x128 w8 s4": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
+    "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
+    "64x128x128 w4 s5": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5),
+    "64x128x128 w4 s4 2/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                    programs_per_sm=2),
+    "64x128x128 w4 s3 3/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3,
+                                    programs_per_sm=3),
+    "128x128x128 w8 s2 2/SM": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2,
+                                     programs_per_sm=2),
+}
+
+
+def _time_configs(title, op, args, peers, flops):
+  """op(*args, config=...) jitted under every config of CONFIGS, timed interleaved with peers {name: (fn, sync)}."""
+  fns = {}
+  for label, config in CONFIGS.items():
+    f = jax.jit(functools.partial(op, config=config))
+    fns["fp8 " + label] = (lambda f=f: f(*args), timing.jax_sync)
+  ms = timing.time_interleaved({**fns, **peers}, min_batch_s=0.03, batches=5)
+  print("\n" + title)
+  for label, t in ms.items():
+    print(f"  {label:28s} {t:8.3f} ms  {flops / t / 1e9:6.0f} TFLOP/s")
+
+
 def hetero():
   shapes = bench_hetero.CASES["prefill16-fp8"]
   lhs, rhs = bench_hetero._inputs(shapes)
   lhs_q, lhs_s = zip(*[quantize.quantize(a, "1x128") for a in lhs])
   rhs_q, rhs_s = zip(*[quantize.quantize(b.T, "128x128") for b in rhs])
-  configs = {
-      "default": None,
-      "128x128x128 w8 s3": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
-      "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
-      "64x128x128 w4 s5": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5),
-      "64x128x128 w4 s4 2/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
-                                      programs_per_sm=2),
-      "64x128x128 w4 s3 3/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3,
-                                      programs_per_sm=3),
-      "64x256x128 w4 s3 2/SM": Config(block_m=64, block_n=256, block_k=128, num_warps=4, num_stages=3,
-                                      programs_per_sm=2),
-  }
-  fns = {}
-  for label, config in configs.items():
-    f = jax.jit(lambda l, r, ls, rs, config=config: jgmm.grouped_matmul(
-        l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True, config=config))
-    fns["fp8 " + label] = (lambda f=f: f(lhs_q, rhs_q, lhs_s, rhs_s), timing.jax_sync)
+  op = lambda l, r, ls, rs, config: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True,
+                                                        config=config)
   impls = bench_hetero._jax_impls(lhs, rhs)
-  fns["bf16 jgmm"], fns["bf16 dot_loop"] = impls["jgmm"], impls["dot_loop"]
-  flops = sum(2 * m * n * k for m, n, k in shapes)
-  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
-  print("\nprefill16-fp8")
-  for label, t in ms.items():
-    print(f"  {label:28s} {t:8.3f} ms  {flops / t / 1e9:6.0f} TFLOP/s")
+  _time_configs("prefill16-fp8", op, (lhs_q, rhs_q, lhs_s, rhs_s),
+                {"bf16 jgmm": impls["jgmm"], "bf16 dot_loop": impls["dot_loop"]},
+                sum(2 * m * n * k for m, n, k in shapes))
 
 
 def tgmm_configs(name, m, k, n, g):
@@ -107,28 +117,11 @@ def tgmm_configs(name, m, k, n, g):
   inp = bench.Inputs(m, k, n, g)
   q = jax.jit(lambda a: quantize.quantize(a.T, "1x128"))
   (xt, xts), (dt, dts) = q(inp.x), q(inp.dout)
-  configs = {
-      "default": None,
-      "128x128x128 w8 s4": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
-      "128x128x64 w8 s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
-      "64x128x128 w4 s4 2/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
-                                      programs_per_sm=2),
-      "64x128x128 w4 s3 3/SM": Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3,
-                                      programs_per_sm=3),
-      "128x128x128 w8 s2 2/SM": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2,
-                                       programs_per_sm=2),
-  }
-  fns = {}
-  for label, config in configs.items():
-    f = jax.jit(lambda a, s, b, t, gs, config=config: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t,
-                                                                transpose_rhs=True, config=config))
-    fns[label] = (lambda f=f: f(xt, xts, dt, dts, inp.group_sizes), timing.jax_sync)
+  op = lambda a, s, b, t, gs, config: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True,
+                                                config=config)
   tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
-  fns["bf16 tgmm"] = (lambda: tgmm(inp.x, inp.dout, inp.group_sizes), timing.jax_sync)
-  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
-  print(f"\ntgmm fp8 {name} (M={m}, K={k}, N={n}, G={g})")
-  for label, t in ms.items():
-    print(f"  {label:28s} {t:8.3f} ms  {2 * m * k * n / t / 1e9:6.0f} TFLOP/s")
+  _time_configs(f"tgmm fp8 {name} (M={m}, K={k}, N={n}, G={g})", op, (xt, xts, dt, dts, inp.group_sizes),
+                {"bf16 tgmm": (lambda: tgmm(inp.x, inp.dout, inp.group_sizes), timing.jax_sync)}, 2 * m * k * n)
 
 
 if __name__ == "__main__":
