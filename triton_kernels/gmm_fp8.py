@@ -196,14 +196,13 @@ def masked_gmm_fp8_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, x_scale_pt
 
 @triton.jit
 def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start, end, M, ki,
-                   ni, k_rows, k_mask, cols, n_mask, live, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   ni, k_rows, k_mask, cols, n_mask, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_LHS: tl.constexpr,
                    TRANSPOSE_RHS: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
   """acc plus the scaled product of rows [r0, r0 + BLOCK_K) (r0 a multiple of BLOCK_K). EDGE: the step holds rows
   outside [start, end), masked one by one; otherwise every row is the group's and the loads are masked along K and N
-  and by the scalar `live` only (a step that loads nothing where false), so that they stay vectorised along the rows
-  (a per-row mask would cut them to single elements, and asynchronous copies, which the software pipeline needs, to
-  nothing)."""
+  only, so that they stay vectorised along the rows (a per-row mask would cut them to single elements, and
+  asynchronous copies, which the software pipeline needs, to nothing)."""
   local = tl.arange(0, BLOCK_K)
   r064 = tl.cast(r0, tl.int64)
   scale_row = r064 // SCALE_BLOCK
@@ -215,29 +214,16 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
     b_ptr = rhs_ptr + tl.cast(ni * BLOCK_N, tl.int64) * M + r064
   else:
     b_ptr = rhs_ptr + r064 * N + ni * BLOCK_N
-  sa = tl.load(lhs_scale_ptr + scale_row * K + k_rows, mask=k_mask & live, other=0.0)
-  sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask & live, other=0.0)
+  sa = tl.load(lhs_scale_ptr + scale_row * K + k_rows, mask=k_mask, other=0.0)
+  sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask, other=0.0)
   if EDGE:
     r_mask = (r0 + local >= start) & (r0 + local < end)
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
     b = tl.load(b_ptr + b_offsets, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
   else:
-    a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & live, other=0.0)
-    b = tl.load(b_ptr + b_offsets, mask=n_mask[None, :] & live, other=0.0)
+    a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None], other=0.0)
+    b = tl.load(b_ptr + b_offsets, mask=n_mask[None, :], other=0.0)
   return acc + tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None] * sb[None, :]
-
-
-@triton.jit
-def _tgmm_fp8_tile(tile, group, starts, ends, K_TILES: tl.constexpr, N_TILES: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr):
-  """(g, start, end, ki, ni, steps) of output tile `tile`, from the register-resident group table (ids, starts,
-  ends); steps: the group's body steps, at least one."""
-  g = tile // (K_TILES * N_TILES)
-  ki, ni = tile_coords(tile - g * (K_TILES * N_TILES), K_TILES, N_TILES, GROUP_M)
-  this_group = group == g
-  start = tl.sum(tl.where(this_group, starts, 0), axis=0)
-  end = tl.sum(tl.where(this_group, ends, 0), axis=0)
-  return g, start, end, ki, ni, tl.maximum(end // BLOCK_K - tl.cdiv(start, BLOCK_K), 1)
 
 
 @triton.jit
@@ -249,16 +235,12 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
 
   lhs (K, M), or (M, K) if TRANSPOSE_LHS; rhs (M, N), or (N, M) if TRANSPOSE_RHS; bounds (G + 1,) int32. Output
   tiles BLOCK_M (along K) x BLOCK_N, G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) of them, persistent over the grid; each
-  reduces its group's rows in steps of BLOCK_K rows aligned to multiples of BLOCK_K. The steps wholly inside the
-  group (its body; at least one, which loads nothing where the body is empty) of all the program's tiles are one
-  flat loop, fused by hand as tgmm_kernel's is (a group of 1024 rows is only 8 steps of 128: a loop per tile would
-  fill and drain the software pipeline every 8 steps); the first and last step, partly outside the group, run with
-  rows masked at the bottom of the tile's last body step, before its store (_tgmm_fp8_step). Empty groups store
-  exact zeros.
+  reduces its group's rows in steps of BLOCK_K rows aligned to multiples of BLOCK_K: the steps wholly inside the
+  group in one pipelined loop, the first and last, partly outside it, with rows masked (_tgmm_fp8_step). Empty
+  groups store exact zeros.
   """
   K_TILES: tl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  TILES_PER_GROUP: tl.constexpr = K_TILES * N_TILES
   OFFSET: tl.constexpr = tl.int64 if max(BLOCK_M, BLOCK_K) * max(K, N) >= 2**31 else tl.int32
   tl.static_assert(BLOCK_K <= SCALE_BLOCK, "a step of rows must lie inside one 128-row scale block")
   group = tl.arange(0, G_POW2)
@@ -277,44 +259,31 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
   else:  # rhs (M, N): element [r, n] at r * N + n
     b_offsets = local.to(OFFSET)[:, None] * N + n_local[None, :]
 
-  pid = tl.program_id(0)
   num_programs = tl.num_programs(0)
-  first = group * TILES_PER_GROUP
-  mine = (tl.cdiv(tl.maximum(first + TILES_PER_GROUP - pid, 0), num_programs) -
-          tl.cdiv(tl.maximum(first - pid, 0), num_programs))
-  # This program's loop steps: per group, its tiles of the group times the group's body steps (at least one).
-  body_steps = tl.maximum(ends // BLOCK_K - tl.cdiv(starts, BLOCK_K), 0)
-  total_steps = tl.sum(tl.where(in_table, mine * tl.maximum(body_steps, 1), 0), axis=0)
-
-  tile = pid
-  g, start, end, ki, ni, steps = _tgmm_fp8_tile(tile, group, starts, ends, K_TILES, N_TILES, BLOCK_K, GROUP_M)
-  step = -1
-  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  for _ in range(0, total_steps):
-    step += 1
-    if step == steps:  # Top: the program's next tile (loop state only).
-      tile += num_programs
-      g, start, end, ki, ni, steps = _tgmm_fp8_tile(tile, group, starts, ends, K_TILES, N_TILES, BLOCK_K, GROUP_M)
-      step = 0
+  for tile in range(tl.program_id(0), G * K_TILES * N_TILES, num_programs):
+    g = tile // (K_TILES * N_TILES)
+    ki, ni = tile_coords(tile - g * (K_TILES * N_TILES), K_TILES, N_TILES, GROUP_M)
+    this_group = group == g
+    start = tl.sum(tl.where(this_group, starts, 0), axis=0)
+    end = tl.sum(tl.where(this_group, ends, 0), axis=0)
     k_rows = ki * BLOCK_M + k_local
     k_mask = k_rows < K
     cols = ni * BLOCK_N + n_local
     n_mask = cols < N
     body_start = tl.cdiv(start, BLOCK_K) * BLOCK_K  # The steps wholly inside [start, end): [body_start, body_end).
-    acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
-                         body_start + step * BLOCK_K, start, end, M, ki, ni, k_rows, k_mask, cols, n_mask,
-                         body_start + BLOCK_K <= end, K, N, BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS,
-                         False, DOT_PRECISION)
-    if step == steps - 1:  # Bottom: the tile's partial first and last steps, then its store.
-      body_end = (end // BLOCK_K) * BLOCK_K
-      if start < body_start:  # The step holding start (and end too, where the group lies inside one step).
-        acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
-                             body_start - BLOCK_K, start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, True, K, N,
-                             BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
-      if (body_start <= body_end) & (body_end < end):  # The step holding end, after the body.
-        acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
-                             start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, True, K, N, BLOCK_M, BLOCK_N,
-                             BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
-      out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
-      store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
-      acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    body_end = (end // BLOCK_K) * BLOCK_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if start < body_start:  # The step holding start (and end too, where the group lies inside one step).
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
+                           body_start - BLOCK_K, start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N,
+                           BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
+    for r0 in range(body_start, body_end, BLOCK_K):
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start,
+                           end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, False, DOT_PRECISION)
+    if (body_start <= body_end) & (body_end < end):  # The step holding end, after the body.
+      acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
+                           start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
+    out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
+    store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
