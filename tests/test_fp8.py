@@ -193,6 +193,20 @@ class Fp8OpsTest(Fp8TestBase):
       self.assert_close(out[b], oracle.masked_gmm(oracle.dequantize(x[b], x_scale[b], "1x128"),
                                                   oracle.dequantize(w, w_scale, "row"), masked_m))
 
+  def test_tgmm_vmap_m_contiguous(self):
+    """vmap over FP8 tgmm's fast layout (lhs (K, M), rhs (N, M)), the batch on rhs and its scales only."""
+    m, k, n = 300, 40, 24
+    sizes = jnp.asarray([100, 0, 170], jnp.int32)
+    lhs, lhs_scale = self.quantized((k, m), "1x128")
+    rhs, rhs_scale = self.quantized((2, n, m), "1x128")
+    fn = jax.jit(jax.vmap(lambda b, t: jgmm.tgmm(lhs, b, sizes, lhs_scale=lhs_scale, rhs_scale=t, transpose_rhs=True,
+                                                 preferred_element_type=jnp.float32, backend=self.backend)))
+    out = fn(rhs, rhs_scale)
+    for i in range(2):
+      want, _ = oracle.tgmm(oracle.dequantize(lhs, lhs_scale, "1x128"),
+                            oracle.dequantize(rhs[i], rhs_scale[i], "1x128").T, np.asarray(sizes))
+      self.assert_close(out[i], want)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Bad calls: each a TypeError / ValueError at trace time naming the argument.
