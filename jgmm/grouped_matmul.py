@@ -249,12 +249,22 @@ def _default_config(shapes, dtype, out_dtype, transpose_rhs, recipe, device):
                               scale=recipe)
   choice = config_table.select(key, arch=device.arch, device_kind=device.kind)
   config = choice.config if choice.backend == "triton" else config_table.heuristic_config(key, device.arch)
-  if recipe and config.warp_specialized:
-    # FP8 gmm's warp-specialised kernel has two consumer warpgroups per SM; this plain kernel comes nearest with two
-    # programs of one warpgroup per SM (prefill16-fp8 on an H100: 1.05-1.19x its 128-row tiles of 8 warps).
-    config = dataclasses.replace(config, block_m=64, num_warps=4, programs_per_sm=2, warp_specialized=False)
   return dataclasses.replace(config, block_m=min(config.block_m, max(16, geometry.next_pow2(max_m))),
                              block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))))
+
+
+def _fp8_ws_ok(shapes, dtype, out_dtype, transpose_rhs, config, device):
+  """Whether FP8 problems run grouped_matmul_fp8_ws_kernel: a warp-specialised config on sm_90 with TMA, float8_e4m3fn
+  rhs stored (N_i, K_i), and every problem within gmm_fp8_ws_kernel's limits (TMA row strides, int32 coordinates,
+  the stages in shared memory)."""
+  from jgmm import config_table
+  from jgmm.triton_kernels import geometry
+  block = 128
+  return (config.warp_specialized and transpose_rhs and device.arch == "sm90" and device.tma
+          and jnp.dtype(dtype) == jnp.float8_e4m3fn
+          and all(geometry.gmm_fp8_ws_ok(m, k, n, 1, jnp.dtype(out_dtype).itemsize, block, block, block,
+                                         config.num_stages, config_table.shared_memory_limit(device.arch))
+                  for m, n, k in shapes))
 
 
 def _problem_table(shapes, config):
@@ -278,9 +288,27 @@ def _power_of_2_dividing(values):
   return min(16, common & -common)
 
 
+def _launch_fp8_ws(lhs, rhs, scales, shapes, out_dtype, config, device, flags):
+  """One grouped_matmul_fp8_ws_kernel launch (where _fp8_ws_ok) over problems with M, N, K >= 1."""
+  from jgmm import ffi
+  from jgmm.triton_kernels import gmm_fp8_ws, gmm_ws
+  from jgmm.triton_kernels import grouped_matmul_fp8_ws as kernels
+  block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
+  table, num_tiles = _problem_table(shapes, dataclasses.replace(config, block_m=block, block_n=block))
+  return ffi.triton_call(
+      tuple(lhs), tuple(rhs), *map(tuple, scales), jnp.asarray(table), kernel=kernels.grouped_matmul_fp8_ws_kernel,
+      out_shape=[tuple(jax.ShapeDtypeStruct((m, n), out_dtype) for m, n, _ in shapes)],
+      grid=(min(num_tiles, device.num_sms),), num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG,
+      name="jgmm_grouped_matmul_fp8_ws", P=len(shapes), P_POW2=table.shape[1], NUM_TILES=num_tiles,
+      S=config.num_stages, LHS_LAYOUT=gmm_ws.shared_layout((half, block), lhs[0].dtype.name),
+      RHS_LAYOUT=gmm_ws.shared_layout((block, block), rhs[0].dtype.name),
+      OUT_LAYOUT=gmm_ws.shared_layout((half, block), jnp.dtype(out_dtype).name), **flags)[0]
+
+
 def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, precision, config, device):
-  """One grouped_matmul_kernel launch over problems with M, N, K >= 1; grouped_matmul_fp8_kernel's with scales =
-  (lhs_scales, rhs_scales), its block_k at most one 128-wide scale block."""
+  """One grouped_matmul_kernel launch over problems with M, N, K >= 1; with scales = (lhs_scales, rhs_scales),
+  grouped_matmul_fp8_ws_kernel's where _fp8_ws_ok, else grouped_matmul_fp8_kernel's, its block_k at most one
+  128-wide scale block."""
   from jgmm import backend_triton, ffi
   from jgmm.triton_kernels import grouped_matmul as kernels
   if scales is None:
@@ -291,9 +319,18 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
     flags = {"LHS_BLOCKS": scales[0][0].ndim == 2, "RHS_BLOCKS": scales[1][0].ndim == 2}
     recipe = backend_triton.fp8_recipe(flags["LHS_BLOCKS"], flags["RHS_BLOCKS"])
     backend_triton.check_fp8_format(lhs[0].dtype, device)
-  config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
   if scales is not None:
+    default = config is None
+    config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
+    if _fp8_ws_ok(shapes, lhs[0].dtype, out_dtype, transpose_rhs, config, device):
+      return _launch_fp8_ws(lhs, rhs, scales, shapes, out_dtype, config, device, flags)
+    if default and config.warp_specialized:
+      # The plain kernel comes nearest to the ws kernel's two consumer warpgroups per SM with two programs of one
+      # warpgroup per SM (prefill16-fp8 on an H100: 1.05-1.19x its 128-row tiles of 8 warps).
+      config = dataclasses.replace(config, block_m=min(config.block_m, 64), num_warps=4, programs_per_sm=2,
+                                   warp_specialized=False)
     config = backend_triton.within_scale_block(config)
+  config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
   table, num_tiles = _problem_table(shapes, config)
   m_multiple, n_multiple, k_multiple = (_power_of_2_dividing([s[d] for s in shapes]) for d in range(3))
   widest_block = max(config.block_m, config.block_n, config.block_k)

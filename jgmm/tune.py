@@ -5,9 +5,10 @@
     jgmm-tune --shape gmm,8192,4096,14336,8   # op,M,K,N,G (--dtype, --out-dtype)
 
 Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every candidate (the candidate space of
---space, or --candidates FILE, plus the heuristic's config and the xla backend), then the --finalists fastest and
-the heuristic's config and the xla backend timed again interleaved, each checked against the xla backend's output:
-a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
+--space, or --candidates FILE, plus the configs --seed-table files hold for the key, the heuristic's config and the
+xla backend), then the --finalists fastest and the heuristic's config and the xla backend timed again interleaved
+(with no more Triton candidates than --finalists, the screen is skipped), each checked against the xla backend's
+output: a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
 rejected. The fastest of the rest is the entry, "xla" where the portable backend is the fastest, unless the
 heuristic's config is within --min-gain of it: then the heuristic's config is the entry (so that a table never
 picks a config slower than the heuristic beyond noise, and the key counts as tuned). Results go to
@@ -54,8 +55,10 @@ _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11, "fp8e4m3": 2.0**-4,
 
 
 def candidate_space(key, space):
-  """Triton Configs to screen for key: space "small" (the measured bests above) or "full" (a grid)."""
+  """Triton Configs to screen for key: space "small" (the measured bests above), "full" (a grid) or "none"."""
   gmm_like = key.op != "tgmm"
+  if space == "none":
+    return []
   if space == "full":
     configs = [_C(bm, bn, bk, w, s, programs_per_sm=p, tma=t)
                for bm in (16, 32, 64, 128) for bn in (64, 128, 256) for bk in (32, 64, 128) for w in (4, 8)
@@ -76,7 +79,7 @@ def candidates(key, configs, arch, backends):
   out = []
   if "triton" in backends:
     heuristic = config_table.heuristic_config(key, arch)
-    fitting = [c for c in configs if c != heuristic and config_table.fits(key, c, arch)]
+    fitting = [c for c in dict.fromkeys(configs) if c != heuristic and config_table.fits(key, c, arch)]
     out += [{"backend": "triton", "config": dataclasses.asdict(c)} for c in [heuristic, *fitting]]
   if "xla" in backends:
     out.append({"backend": "xla"})
@@ -231,8 +234,9 @@ def _screen(worker, key, m, cands, todo, args, report):
 
 
 def key_candidates(key, args, device):
-  """candidates() of key for args on the worker's device."""
-  configs = args.candidates or candidate_space(key, args.space)
+  """candidates() of key for args on the worker's device: the --seed-table configs of key first."""
+  seeds = [entry.config for table in args.seed_table if (entry := table.get(key)) and entry.backend == "triton"]
+  configs = seeds + (args.candidates or candidate_space(key, args.space))
   return candidates(key, configs, device["arch"], args.backends if device["triton"] else ["xla"])
 
 
@@ -244,13 +248,16 @@ def tune_key(worker, key, m, args, report, precompiler=None):
   compiled = precompiler.wait(key, cands, args.timeout * (len(cands) + 1)) if precompiler else {}
   for i, event in compiled.items():
     report("compile", cands[i], event)
-  timings = _screen(worker, key, m, cands, [i for i in range(len(cands)) if "error" not in compiled.get(i, {})],
-                    args, report)
-  if not timings:
-    return None
-  # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
-  triton = sorted((i for i in timings if cands[i]["backend"] == "triton"), key=timings.get)[:args.finalists]
-  finalists = sorted(set(triton) | {i for i in timings if cands[i]["backend"] == "xla" or i == 0})
+  todo = [i for i in range(len(cands)) if "error" not in compiled.get(i, {})]
+  if sum(cands[i]["backend"] == "triton" for i in todo) <= args.finalists:
+    finalists = todo  # All would be finalists: no screen.
+  else:
+    timings = _screen(worker, key, m, cands, todo, args, report)
+    if not timings:
+      return None
+    # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
+    triton = sorted((i for i in timings if cands[i]["backend"] == "triton"), key=timings.get)[:args.finalists]
+    finalists = sorted(set(triton) | {i for i in timings if cands[i]["backend"] == "xla" or i == 0})
   job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in finalists],
          "seconds": args.final_s}
   bound = args.err_ratio * max(_EPS[key.in_dtype], _EPS[key.out_dtype])
@@ -336,6 +343,12 @@ def ints(text):
   return [int(t) for t in text.split(",")]
 
 
+def _read_seed_table(path):
+  if not os.path.exists(path):
+    raise SystemExit(f"--seed-table: no such file: {path}")
+  return config_table.read_table(path)
+
+
 def _read_configs(path):
   with open(path) as f:
     return [Config(**fields) for fields in json.load(f)]
@@ -362,7 +375,10 @@ def parse_args(argv):
   p.add_argument("--verbose", action="store_true", help="print every candidate and the worker's log")
   p.add_argument("--timeout", type=float, default=120.0, help="seconds a candidate may take (compile and time)")
   p.add_argument("--backends", type=lambda s: s.split(","), default=["triton", "xla"], help="triton,xla")
-  p.add_argument("--space", choices=("small", "full"), default="small", help="the candidate space")
+  p.add_argument("--space", choices=("small", "full", "none"), default="small",
+                 help="the candidate space (none: the heuristic's config, --seed-table's and --candidates' only)")
+  p.add_argument("--seed-table", action="append", default=[], type=_read_seed_table,
+                 help="a table file (e.g. another GPU's) whose config for a key is a candidate too (repeatable)")
   p.add_argument("--candidates", type=_read_configs,
                  help="a JSON list of Config objects to screen instead of --space")
   p.add_argument("--finalists", type=int, default=3, help="Triton candidates timed again in the final phase")

@@ -422,14 +422,16 @@ class CrossLoweringTest(Base):
     text = self.lower(lambda l, r: jgmm.grouped_matmul(l, r), list(lhs), list(rhs))
     self.assertEqual(_custom_calls(text), 2)
 
-  def fp8_args(self, shapes, transpose_rhs):
-    """(lhs, rhs, lhs_scales, rhs_scales) of FP8 problems in DeepSeek-V3's blocks, as ShapeDtypeStructs."""
+  def fp8_args(self, shapes, transpose_rhs, recipe="blocks"):
+    """(lhs, rhs, lhs_scales, rhs_scales) of FP8 problems in DeepSeek-V3's blocks (or per row and channel), as
+    ShapeDtypeStructs."""
     s, f8, f32 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn, jnp.float32
     blocks = lambda size: -(-size // 128)
+    rowwise = recipe == "rowwise"
     return ([s((m, k), f8) for m, n, k in shapes],
             [s((n, k) if transpose_rhs else (k, n), f8) for m, n, k in shapes],
-            [s((m, blocks(k)), f32) for m, n, k in shapes],
-            [s((blocks(n), blocks(k)), f32) for m, n, k in shapes])
+            [s((m,) if rowwise else (m, blocks(k)), f32) for m, n, k in shapes],
+            [s((n,) if rowwise else (blocks(n), blocks(k)), f32) for m, n, k in shapes])
 
   def lower_fp8(self, args, transpose_rhs):
     """The number of custom calls, and the PTX of the kernels compiled for them."""
@@ -447,6 +449,23 @@ class CrossLoweringTest(Base):
     for ptx in ptxs:
       self.assertIn(".target sm_90a", ptx)
       self.assertRegex(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3")
+
+  @parameterized.parameters("blocks", "rowwise")
+  def test_fp8_warp_specialized_where_tma_reads_every_problem(self, recipe):
+    """grouped_matmul_fp8_ws_kernel (its TMA loader warp and two consumer warpgroups, descriptors made on the
+    device) where every K_i and output row is a 16-byte multiple and rhs is stored (N_i, K_i); the plain kernel
+    where one problem's K_i is not, or rhs is (K_i, N_i)."""
+    tma_shapes = [(37, 4096, 4096), (2048, 4096, 4096), (300, 1000, 256), (1, 8, 16)]
+    for shapes, transpose_rhs, warp_specialized in ((tma_shapes, True, True), (tma_shapes + [(5, 8, 129)], True, False),
+                                                    (tma_shapes, False, False)):
+      with mock.patch.object(gm, "_launch_fp8_ws", wraps=gm._launch_fp8_ws) as ws_call:
+        calls, ptxs = self.lower_fp8(self.fp8_args(shapes, transpose_rhs, recipe), transpose_rhs)
+      self.assertEqual(calls, 1)
+      self.assertEqual(ws_call.called, warp_specialized, (shapes, transpose_rhs))
+      for ptx in ptxs:
+        self.assertRegex(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3")
+        self.assertEqual("cp.async.bulk.tensor" in ptx, warp_specialized)
+        self.assertEqual("tensormap.cp_fenceproxy" in ptx, warp_specialized)  # descriptors made on the device
 
   def test_fp8_launches_fit_cuda_param_limit(self):
     """More problems than MAX_FP8_PROBLEMS_PER_LAUNCH take two launches, each kernel's params within 4 KiB."""
@@ -497,6 +516,41 @@ class GpuTest(Base):
                                                             transpose_rhs=transpose_rhs,
                                                             preferred_element_type=jnp.float32))(*problems)
     self.assert_products(outs, *dequantized, True, 1e-3)  # test_fp8_kernels' GPU_TOL
+
+  def poisoned(self, fn, *args):
+    """fn(*args) after freeing a NaN array as large as all its outputs: the allocator hands that memory to the
+    outputs, so an element the kernel leaves unwritten stays NaN."""
+    out_bytes = sum(o.size * o.dtype.itemsize for o in jax.tree.leaves(jax.eval_shape(fn, *args)))
+    jnp.full((out_bytes // 4 + 1,), jnp.nan, jnp.float32).block_until_ready().delete()
+    return fn(*args)
+
+  @parameterized.product(recipe=("rowwise", "blocks"), out_dtype=("bf16", "f32"))
+  def test_fp8_warp_specialized(self, recipe, out_dtype):
+    """grouped_matmul_fp8_ws_kernel (every K_i a 16-byte multiple, rhs (N_i, K_i)): M_i ending inside either
+    64-row half of a tile and on its edges, N_i inside a 128-wide tile, K_i ending inside a scale block, 40
+    problems (tiles of several problems per program), outputs NaN-poisoned."""
+    shapes = [(1, 16, 16), (63, 72, 144), (64, 128, 128), (65, 136, 7168), (127, 1000, 112), (128, 4096, 256),
+              (129, 8, 4096), (1000, 264, 2048)]
+    shapes += [(int(self.rng.integers(1, 700)), 8 * int(self.rng.integers(1, 128)), 16 * int(self.rng.integers(1, 64)))
+               for _ in range(32)]
+    problems, dequantized = self.fp8_problems(shapes, True, recipe)
+    fn = jax.jit(lambda l, r, ls, rs: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True,
+                                                          preferred_element_type=DTYPES[out_dtype]))
+    with mock.patch.object(gm, "_launch_fp8_ws", wraps=gm._launch_fp8_ws) as ws_call:
+      outs = self.poisoned(fn, *problems)
+    self.assertTrue(ws_call.called)
+    self.assert_products(outs, *dequantized, True, 1e-3 if out_dtype == "f32" else 1e-2, DTYPES[out_dtype])
+
+  def test_fp8_warp_specialized_nan_scale_stays_in_its_row(self):
+    """A NaN lhs scale makes its own output row NaN and no other row or problem's (one scale per 1x128 block)."""
+    shapes = [(200, 256, 512), (70, 128, 256), (3, 8, 16)]
+    (lhs, rhs, lhs_scales, rhs_scales), _ = self.fp8_problems(shapes, True, "blocks")
+    lhs_scales[0] = lhs_scales[0].at[130, 1].set(jnp.nan)
+    outs = jax.jit(lambda *a: jgmm.grouped_matmul(a[0], a[1], lhs_scales=a[2], rhs_scales=a[3], transpose_rhs=True))(
+        lhs, rhs, lhs_scales, rhs_scales)
+    nan_rows = [np.isnan(np.asarray(o, np.float32)).any(axis=1) for o in outs]
+    self.assertTrue(np.isnan(np.asarray(outs[0][130], np.float32)).all())
+    self.assertEqual([int(r.sum()) for r in nan_rows], [1, 0, 0])
 
   def test_fp8_64_problems_deepgemm_criterion(self):
     """DeepGEMM's bar: 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 against the bf16 product of the unquantised inputs."""

@@ -196,6 +196,24 @@ class TunerChoiceTest(absltest.TestCase):
     compiled = [c for phase, c, e in reports if phase == "compile" and e.get("compiled")]
     self.assertEqual(compiled, [c for c in screened if c["backend"] == "triton"])
 
+  def test_seed_tables_add_their_config_and_few_candidates_skip_the_screen(self):
+    seed = Config(16, 64, 16, 4, 2)  # 64 us in the scripted worker; the heuristic's block_n 128: 128 us
+    other_key = config_table.make_key("gmm", "bfloat16", "bfloat16", 16, 32, 96, 4)
+    table = os.path.join(self.dir, "other_gpu.json")
+    config_table.write_table(table, [config_table.Entry(self.key, "triton", seed, us=1.0, gpu="Other GPU"),
+                                     config_table.Entry(other_key, "triton", Config(16, 16, 16, 4, 2))])
+    self.args = tune.parse_args(["--shape", "gmm,64,32,48,4", "--timeout", "1.5", "--space", "none",
+                                 "--seed-table", table])
+    entry, reports = self.run_tuner(xla_us=1000)
+    self.assertEqual((entry.backend, entry.config, entry.us, entry.gpu), ("triton", seed, 64.0, "Fake GPU"))
+    self.assertEqual({phase for phase, _, _ in reports}, {"final"})  # the seed and the heuristic: 2 <= 3 finalists
+    self.assertLen(reports, 3)  # the seed, the heuristic's config, xla
+    self.args.finalists = 1  # Two Triton candidates for one finalist place: screened first.
+    _, reports = self.run_tuner(xla_us=1000)
+    self.assertEqual([phase for phase, _, _ in reports], ["screen"] * 3 + ["final"] * 3)
+    with self.assertRaisesRegex(SystemExit, "--seed-table: no such file: /nonexistent.json"):
+      tune.parse_args(["--shape", "gmm,64,32,48,4", "--seed-table", "/nonexistent.json"])
+
   def test_min_gain_keeps_the_heuristic_unless_beaten_beyond_it(self):
     self.args.min_gain = 3.0  # block_n 32 (32 us) is not 4x faster than the heuristic's block_n 128 (128 us)
     heuristic = config_table.heuristic_config(self.key, None)
@@ -312,7 +330,7 @@ class ResumeTest(absltest.TestCase):
       records = [json.loads(line) for line in f]
     (rest,) = set(table) - set(partial)
     self.assertEqual([(r["key"], r["phase"], r["candidate"]) for r in records],
-                     [(str(rest), "screen", {"backend": "xla"}), (str(rest), "final", {"backend": "xla"})])
+                     [(str(rest), "final", {"backend": "xla"})])  # one candidate: no screen
     self.assertEqual(records[-1]["us"], table[rest].us)
     self.assertEqual(sorted(os.listdir(out_dir)), ["profile.jsonl", "table.json"])  # no temporary file left
 

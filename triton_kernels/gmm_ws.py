@@ -80,11 +80,22 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
 
 @gluon.jit
 def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
-  """A program's shared memory: S stages of two lhs halves and one rhs tile, both consumers' output halves, and
-  the stages' `ready` (the loader's bytes landed) and `empty` (both consumers are done) mbarriers."""
-  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
-  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
-  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, BLOCK_N], OUT_LAYOUT)
+  """A program's shared memory: S stages of two lhs halves and one rhs tile (the descriptors' boxes), both
+  consumers' output halves, and the stages' `ready` (the loader's bytes landed) and `empty` (both consumers are
+  done) mbarriers."""
+  return allocate_boxes(lhs_desc.dtype, gl.constexpr(lhs_desc.block_type.shape), gl.constexpr(lhs_desc.layout),
+                        rhs_desc.dtype, gl.constexpr(rhs_desc.block_type.shape), gl.constexpr(rhs_desc.layout),
+                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT)
+
+
+@gluon.jit
+def allocate_boxes(lhs_dtype: gl.constexpr, LHS_BOX: gl.constexpr, LHS_LAYOUT: gl.constexpr, rhs_dtype: gl.constexpr,
+                   RHS_BOX: gl.constexpr, RHS_LAYOUT: gl.constexpr, out_dtype: gl.constexpr, BLOCK_N: gl.constexpr,
+                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """allocate's buffers and barriers for lhs halves of LHS_BOX and rhs tiles of RHS_BOX (lists of two sizes)."""
+  a_bufs = gl.allocate_shared_memory(lhs_dtype, [2 * S] + LHS_BOX, LHS_LAYOUT)
+  b_bufs = gl.allocate_shared_memory(rhs_dtype, [S] + RHS_BOX, RHS_LAYOUT)
+  c_bufs = gl.allocate_shared_memory(out_dtype, [2, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):
