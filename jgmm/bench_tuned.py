@@ -36,7 +36,7 @@ def heuristic_only():
   config_table._select.cache_clear()
 
 
-def bench_keys(entries, arch, noise, time_limit=None):
+def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
   """([row] of each entry that is not the heuristic's config, the largest (in flops) first: tuned vs the
   heuristic's config, timed interleaved, none started after time_limit seconds; the number of entries that are)."""
   rows, same, start = [], 0, time.monotonic()
@@ -57,7 +57,7 @@ def bench_keys(entries, arch, noise, time_limit=None):
     tuned = call(entry.backend, entry.config)
     fns = {"tuned": (lambda: tuned(*arrays), timing.jax_sync)}
     fns["heuristic"] = (lambda f=call("triton", heuristic): f(*arrays), timing.jax_sync)
-    ms = timing.time_interleaved(fns)
+    ms = timing.time_interleaved(fns, min_batch_s=batch_s)
     row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"],
            "heuristic_us": 1e3 * ms["heuristic"], "speedup": ms["heuristic"] / ms["tuned"]}
     row["slower"] = row["speedup"] < 1 - noise
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--tokens", type=tune.ints, default=[1, 16, 64, 256, 1024, 4096, 16384])
   p.add_argument("--time-limit", type=float, help="seconds after which no more keys start (0: the model level only)")
   p.add_argument("--noise", type=float, default=0.03, help="relative slowdown still counted as noise")
+  p.add_argument("--batch-s", type=float, default=0.05, help="seconds per timed batch of a key (7 batches each)")
   p.add_argument("--out", default="bench_tuned.json", help="the JSON results file")
   args = p.parse_args(argv)
   if jax.devices()[0].platform != "gpu":
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
   entries = (config_table.read_table(args.table) if args.table else config_table.active_table(gpu.arch, gpu.kind))
   print(f"device: {jax.devices()[0].device_kind}; {len(entries)} table entries\n")
   print("| key | tuned backend | tuned us | heuristic us | heuristic / tuned |\n|---|---|---|---|---|")
-  keys, same = bench_keys(entries.values(), gpu.arch, args.noise, args.time_limit)
+  keys, same = bench_keys(entries.values(), gpu.arch, args.noise, args.time_limit, args.batch_s)
   speedups = [r["speedup"] for r in keys]
   if speedups:
     print(f"\ngeomean heuristic / tuned over the {len(speedups)} keys timed: "

@@ -31,7 +31,8 @@ float32, as jgmm.fp8's portable backend does). "triton" (CUDA/ROCm, or the CPU
 under TRITON_INTERPRET=1): one persistent kernel (triton_kernels/grouped_matmul.py) over the tiles of all
 problems, each operand and output its own buffer: jgmm.ffi passes the lists as Triton tuple params (one
 pointer param each), and a static int32 table (built at trace time: shapes are static) maps tiles to
-problems (FP8: grouped_matmul_fp8_kernel, the scales in two more tuple params). Empty problems (M, N or K = 0)
+problems (FP8: grouped_matmul_fp8_kernel, the scales in two more tuple params; on sm_90 where TMA reads every
+problem, grouped_matmul_fp8_ws_kernel, warp-specialised, over the same table). Empty problems (M, N or K = 0)
 never reach the kernel: they are zeros. A launch takes at most MAX_PROBLEMS_PER_LAUNCH problems (three 8-byte
 pointer params each), MAX_FP8_PROBLEMS_PER_LAUNCH with FP8 (five); more problems take more launches.
 """
@@ -82,7 +83,9 @@ def grouped_matmul(lhs_list: Sequence[jax.Array], rhs_list: Sequence[jax.Array],
       None with FP8.
     config: a jgmm.Config (or a dict of its fields) for the Triton kernel: block_m/block_n/block_k tile every
       problem, num_warps, num_stages, programs_per_sm (the persistent grid); None picks one from the largest
-      problem's shape. Other fields do not apply.
+      problem's shape. With FP8 on sm_90, warp_specialized picks the warp-specialised kernel where it applies
+      (rhs (N_i, K_i), every K_i and output row a 16-byte multiple; 128 x 128 x 128 tiles, num_stages stages).
+      Other fields do not apply.
     backend: None (Triton on GPUs, XLA elsewhere), "triton" or "xla" (one dense dot per problem).
 
   Returns:

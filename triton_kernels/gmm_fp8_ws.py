@@ -52,6 +52,34 @@ def _promote(acc, product, scale, BLOCKS: gl.constexpr):
 
 
 @gluon.jit
+def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S: gl.constexpr,
+                 LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr):
+  """acc + consumer H's product over k_steps K blocks, from stage `step` on: each block's wgmmas from zero, then
+  added with its block scales (sa_ptr, sb_ptr: _step_scale's) after the wait; every stage released."""
+  ROWS: gl.constexpr = row_mask.type.layout
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    scale = _step_scale(sa_ptr, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    product = warpgroup_mma(a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
+                            is_async=True)
+    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+    mbarrier.arrive(empty.index(slot))
+    acc = _promote(acc, product, scale, LHS_BLOCKS or RHS_BLOCKS)
+  return acc
+
+
+@gluon.jit
+def row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+  """acc times its row scales (sa_ptr, unless LHS_BLOCKS) and channel scales (sb_ptr, unless RHS_BLOCKS)."""
+  if not LHS_BLOCKS:
+    acc = acc * gl.expand_dims(gl.load(sa_ptr, mask=row_mask, other=0.0), 1)
+  if not RHS_BLOCKS:
+    acc = acc * gl.expand_dims(gl.load(sb_ptr, mask=col_mask, other=0.0), 0)
+  return acc
+
+
+@gluon.jit
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty,
               K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr,
               RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
@@ -59,7 +87,6 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
   COLS: gl.constexpr = gl.SliceLayout(0, acc_layout)
-  BLOCKS: gl.constexpr = LHS_BLOCKS or RHS_BLOCKS
   num_n: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
@@ -79,24 +106,14 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
       sb_ptr = rhs_scale_ptr + g.to(gl.int64) * N + cols
     acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        scale = _step_scale(sa_ptr, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        product = warpgroup_mma(a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
-                                is_async=True)
-        product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-        mbarrier.arrive(empty.index(slot))
-        acc = _promote(acc, product, scale, BLOCKS)
+      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S, LHS_BLOCKS,
+                         RHS_BLOCKS, H)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
     if half_store > 0:
-      if not LHS_BLOCKS:
-        acc = acc * gl.expand_dims(gl.load(sa_ptr, mask=row_mask, other=0.0), 1)
-      if not RHS_BLOCKS:
-        acc = acc * gl.expand_dims(gl.load(sb_ptr, mask=cols < N, other=0.0), 0)
+      acc = row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, cols < N, LHS_BLOCKS, RHS_BLOCKS)
       acc = gl.where(gl.expand_dims(row_mask, 1), acc, 0.0)
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK, half_store, N, BLOCK, OUT_LAYOUT)
   tma.store_wait(pendings=0)

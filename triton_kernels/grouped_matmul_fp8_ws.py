@@ -19,10 +19,9 @@ one have landed (a consumer rewrites out[p]'s after its previous store completed
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, _promote, _step_scale
+from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, row_channel_scales, scaled_steps
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate_boxes, release_stages
 
 
@@ -85,7 +84,6 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
   COLS: gl.constexpr = gl.SliceLayout(0, acc_layout)
-  BLOCKS: gl.constexpr = LHS_BLOCKS or RHS_BLOCKS
   c_buf = c_bufs.index(H)
   step = 0
   slot = 0
@@ -105,21 +103,11 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
       sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
     else:
       sb_ptr = _select(rhs_scale_ptrs, p, P) + cols
-    acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      for kk in range(k_steps):
-        s = (step + kk) % S
-        scale = _step_scale(sa_ptr, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
-        mbarrier.wait(ready.index(s), ((step + kk) // S) & 1)
-        product = warpgroup_mma(a_bufs.index(2 * s + H), b_bufs.index(s).permute((1, 0)), acc, use_acc=False,
-                                is_async=True)
-        product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-        mbarrier.arrive(empty.index(s))
-        acc = _promote(acc, product, scale, BLOCKS)
-      if not LHS_BLOCKS:
-        acc = acc * gl.expand_dims(gl.load(sa_ptr, mask=row_mask, other=0.0), 1)
-      if not RHS_BLOCKS:
-        acc = acc * gl.expand_dims(gl.load(sb_ptr, mask=cols < n, other=0.0), 0)
+      acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
+      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S, LHS_BLOCKS,
+                         RHS_BLOCKS, H)
+      acc = row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, cols < n, LHS_BLOCKS, RHS_BLOCKS)
       out_ptr = _select(out_ptrs, p, P)
       tma.store_wait(pendings=0)  # This consumer's previous store has read c_buf and its descriptor.
       c_buf.store(acc.to(out_ptr.dtype.element_ty))

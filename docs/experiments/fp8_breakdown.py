@@ -4,8 +4,8 @@
 
 recipe: each piece of fp8_gmm's forward and backward timed alone (jitted, interleaved) on the dsv3 cases of
 jgmm.bench, beside the bf16 products they replace and the whole fwd+bwd of both.
-hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernel, beside its
-bf16 kernel and the bf16 jnp.dot loop.
+hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernels (the
+warp-specialised one and the plain one), beside its bf16 kernel and the bf16 jnp.dot loop.
 tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under several configs, beside the bf16 tgmm.
 """
 import functools
@@ -87,10 +87,10 @@ CONFIGS = {
 }
 
 
-def _time_configs(title, op, args, peers, flops):
-  """op(*args, config=...) jitted under every config of CONFIGS, timed interleaved with peers {name: (fn, sync)}."""
+def _time_configs(title, op, args, peers, flops, configs=CONFIGS):
+  """op(*args, config=...) jitted under every config of configs, timed interleaved with peers {name: (fn, sync)}."""
   fns = {}
-  for label, config in CONFIGS.items():
+  for label, config in configs.items():
     f = jax.jit(functools.partial(op, config=config))
     fns["fp8 " + label] = (lambda f=f: f(*args), timing.jax_sync)
   ms = timing.time_interleaved({**fns, **peers}, min_batch_s=0.03, batches=5)
@@ -107,9 +107,13 @@ def hetero():
   op = lambda l, r, ls, rs, config: jgmm.grouped_matmul(l, r, lhs_scales=ls, rhs_scales=rs, transpose_rhs=True,
                                                         config=config)
   impls = bench_hetero._jax_impls(lhs, rhs)
+  ws = Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4, warp_specialized=True)
+  configs = {"default": None, "ws s4": ws, "ws s5": Config(**{**ws.__dict__, "num_stages": 5}),
+             "plain 64x128x128 w4 s4 2/SM": CONFIGS["64x128x128 w4 s4 2/SM"],
+             "plain 128x128x128 w8 s4": CONFIGS["128x128x128 w8 s4"]}
   _time_configs("prefill16-fp8", op, (lhs_q, rhs_q, lhs_s, rhs_s),
                 {"bf16 jgmm": impls["jgmm"], "bf16 dot_loop": impls["dot_loop"]},
-                sum(2 * m * n * k for m, n, k in shapes))
+                sum(2 * m * n * k for m, n, k in shapes), configs)
 
 
 def tgmm_configs(name, m, k, n, g):
