@@ -16,10 +16,11 @@ import numpy as np
 from absl.testing import absltest
 
 import jgmm
-from jgmm import capture, config_table, ffi, oracle
+from jgmm import capture, config_table, ffi, oracle, tune
 from jgmm.config import Config
 
 H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
 A = Config(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
 B = Config(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=3)
 C = Config(block_m=16, block_n=32, block_k=16, num_warps=2, num_stages=4)
@@ -148,14 +149,28 @@ class ShippedTableTest(TableTestBase):
     self.assertEqual(config_table.table_files("sm80"), ["sm80.json"])
 
   def test_a_model_with_its_own_table_reads_it(self):
-    h100, sm90 = config_table.shipped_table("sm90", H100), config_table.shipped_table("sm90")
-    self.assertLessEqual(set(sm90), set(h100))  # The H100's own table keeps the generic one's keys and adds more.
-    differing = [k for k in sm90 if h100[k].config != sm90[k].config]
-    self.assertNotEmpty(differing)  # Else this test could not tell the tables apart.
-    for k in differing:
-      self.assertEqual(config_table.select(k, arch="sm90", device_kind=H100).config, h100[k].config, k)
-      self.assertEqual(config_table.select(k, arch="sm90").config, sm90[k].config, k)
-      self.assertEqual(config_table.select(k, arch="sm90", device_kind="NVIDIA H200").config, sm90[k].config, k)
+    sm90 = config_table.shipped_table("sm90")
+    for kind in (H100, H200):
+      own = config_table.shipped_table("sm90", kind)
+      self.assertLessEqual(set(sm90), set(own))  # A GPU's own table keeps the generic one's keys and adds more.
+      differing = [k for k in sm90 if own[k].config != sm90[k].config]
+      self.assertNotEmpty(differing, kind)  # Else this test could not tell the tables apart.
+      for k in differing:
+        self.assertEqual(config_table.select(k, arch="sm90", device_kind=kind).config, own[k].config, (kind, k))
+        self.assertEqual(config_table.select(k, arch="sm90").config, sm90[k].config, k)
+        self.assertEqual(config_table.select(k, arch="sm90", device_kind="NVIDIA B200").config, sm90[k].config, k)
+
+  def test_the_h100_and_h200_tables_cover_the_model_families(self):
+    """Every key scripts/tune_tables.sh tunes (the four example families at ep 1 and 8, 1 to 16384 tokens, forward
+    and backward ops) has an exact entry in both GPUs' tables."""
+    models = ("mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b", "gpt-oss-20b")
+    examples = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
+    args = tune.parse_args([f"--model-config={os.path.join(examples, m)}.json" for m in models] + ["--ep", "1,8"])
+    keys = {key for key, _ in tune.calls(args)}
+    self.assertLen(keys, 526)
+    for kind in (H100, H200):
+      table = config_table.shipped_table("sm90", kind)
+      self.assertEqual(sorted(map(str, keys - set(table))), [], kind)
 
   def test_every_shipped_table_parses_and_covers_the_bench_cases(self):
     names = [f.name for f in resources.files("jgmm.configs").iterdir() if f.name.endswith(".json")]
