@@ -153,12 +153,14 @@ class ShippedTableTest(TableTestBase):
     for kind in (H100, H200):
       own = config_table.shipped_table("sm90", kind)
       self.assertLessEqual(set(sm90), set(own))  # A GPU's own table keeps the generic one's keys and adds more.
-      differing = [k for k in sm90 if own[k].config != sm90[k].config]
+      differing = [k for k in own if k not in sm90 or own[k] != sm90[k]]
       self.assertNotEmpty(differing, kind)  # Else this test could not tell the tables apart.
       for k in differing:
-        self.assertEqual(config_table.select(k, arch="sm90", device_kind=kind).config, own[k].config, (kind, k))
-        self.assertEqual(config_table.select(k, arch="sm90").config, sm90[k].config, k)
-        self.assertEqual(config_table.select(k, arch="sm90", device_kind="NVIDIA B200").config, sm90[k].config, k)
+        choice = config_table.select(k, arch="sm90", device_kind=kind)
+        self.assertEqual((choice.source, choice.backend, choice.config), ("exact", own[k].backend, own[k].config))
+        self.assertEqual(os.path.basename(choice.file), config_table.table_files("sm90", kind)[0], (kind, k))
+        for other in (None, "NVIDIA B200"):  # GPUs without a table of their own read the generic one
+          self.assertNotEqual(config_table.select(k, arch="sm90", device_kind=other).file, choice.file, k)
 
   def test_the_h100_and_h200_tables_cover_the_model_families(self):
     """Every key scripts/tune_tables.sh tunes (the four example families at ep 1 and 8, 1 to 16384 tokens, forward
