@@ -256,18 +256,13 @@ def _default_config(shapes, dtype, out_dtype, transpose_rhs, recipe, device):
                              block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))))
 
 
-def _fp8_ws_ok(shapes, dtype, out_dtype, transpose_rhs, config, device):
-  """Whether FP8 problems run grouped_matmul_fp8_ws_kernel: a warp-specialised config on sm_90 with TMA, float8_e4m3fn
-  rhs stored (N_i, K_i), and every problem within gmm_fp8_ws_kernel's limits (TMA row strides, int32 coordinates,
-  the stages in shared memory)."""
-  from jgmm import config_table
-  from jgmm.triton_kernels import geometry
-  block = 128
-  return (config.warp_specialized and transpose_rhs and device.arch == "sm90" and device.tma
-          and jnp.dtype(dtype) == jnp.float8_e4m3fn
-          and all(geometry.gmm_fp8_ws_ok(m, k, n, 1, jnp.dtype(out_dtype).itemsize, block, block, block,
-                                         config.num_stages, config_table.shared_memory_limit(device.arch))
-                  for m, n, k in shapes))
+def _fp8_ws_ok(shapes, out_dtype, transpose_rhs, config, device):
+  """Whether FP8 problems run grouped_matmul_fp8_ws_kernel: rhs stored (N_i, K_i), and every problem one that FP8
+  gmm's warp-specialised kernel would run with config in its 128 x 128 x 128 tiles (backend_triton._fp8_ws_ok)."""
+  from jgmm import backend_triton
+  tiles = dataclasses.replace(config, block_m=128, block_n=128, block_k=128)
+  return transpose_rhs and all(backend_triton._fp8_ws_ok(tiles, device, m, k, n, 1, jnp.dtype(out_dtype))
+                               for m, n, k in shapes)
 
 
 def _problem_table(shapes, config):
@@ -322,10 +317,10 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
     flags = {"LHS_BLOCKS": scales[0][0].ndim == 2, "RHS_BLOCKS": scales[1][0].ndim == 2}
     recipe = backend_triton.fp8_recipe(flags["LHS_BLOCKS"], flags["RHS_BLOCKS"])
     backend_triton.check_fp8_format(lhs[0].dtype, device)
+  default = config is None
+  config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
   if scales is not None:
-    default = config is None
-    config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
-    if _fp8_ws_ok(shapes, lhs[0].dtype, out_dtype, transpose_rhs, config, device):
+    if _fp8_ws_ok(shapes, out_dtype, transpose_rhs, config, device):
       return _launch_fp8_ws(lhs, rhs, scales, shapes, out_dtype, config, device, flags)
     if default and config.warp_specialized:
       # The plain kernel comes nearest to the ws kernel's two consumer warpgroups per SM with two programs of one
@@ -333,7 +328,6 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
       config = dataclasses.replace(config, block_m=min(config.block_m, 64), num_warps=4, programs_per_sm=2,
                                    warp_specialized=False)
     config = backend_triton.within_scale_block(config)
-  config = config or _default_config(shapes, lhs[0].dtype, out_dtype, transpose_rhs, recipe, device)
   table, num_tiles = _problem_table(shapes, config)
   m_multiple, n_multiple, k_multiple = (_power_of_2_dividing([s[d] for s in shapes]) for d in range(3))
   widest_block = max(config.block_m, config.block_n, config.block_k)
