@@ -42,8 +42,7 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
   rows, same, start = [], 0, time.monotonic()
   for entry in sorted(entries, key=lambda e: -e.key.rows * e.key.g * e.key.k * e.key.n):
     key = entry.key
-    heuristic = config_table.heuristic_config(key, arch)
-    if entry.backend == "triton" and entry.config == heuristic:
+    if config_table.is_heuristic(entry, arch):
       same += 1
       continue
     if time_limit is not None and time.monotonic() - start > time_limit:
@@ -56,7 +55,8 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
       continue
     tuned = call(entry.backend, entry.config)
     fns = {"tuned": (lambda: tuned(*arrays), timing.jax_sync)}
-    fns["heuristic"] = (lambda f=call("triton", heuristic): f(*arrays), timing.jax_sync)
+    heuristic = call("triton", config_table.heuristic_config(key, arch))
+    fns["heuristic"] = (lambda: heuristic(*arrays), timing.jax_sync)
     ms = timing.time_interleaved(fns, min_batch_s=batch_s)
     row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"],
            "heuristic_us": 1e3 * ms["heuristic"], "speedup": ms["heuristic"] / ms["tuned"]}

@@ -438,3 +438,8 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
   return _fit_shared_memory(key.op, config, arch, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype], swiglu)
 
+
+
+def is_heuristic(entry: Entry, arch: str | None) -> bool:
+  """Whether entry chooses what the heuristic would (Triton with heuristic_config) on arch."""
+  return entry.backend == "triton" and entry.config == heuristic_config(entry.key, arch)

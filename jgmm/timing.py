@@ -19,11 +19,17 @@ def time_ms(fn, sync, min_batch_s=0.05, batches=7):
 
 
 def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
-  """{name: median ms per call} of fns {name: (fn, sync)}.
+  """{name: median ms per call} of fns {name: (fn, sync)} (interleaved_samples)."""
+  return {name: statistics.median(ms) for name, ms in interleaved_samples(fns, min_batch_s, batches, cap_s).items()}
+
+
+def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
+  """{name: [ms per call of each batch]} of fns {name: (fn, sync)}: sample i of every fn from round i.
 
   Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
   per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
-  slows down within a second). A fn whose single warm call takes longer than cap_s is timed by that call.
+  slows down within a second), and the samples of one round can be compared pairwise. A fn whose single warm
+  call takes longer than cap_s is timed by that call (one sample).
   """
   reps, result = {}, {}
   for name, (fn, sync) in fns.items():
@@ -32,7 +38,7 @@ def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
     sync(fn())
     per_call = max(time.perf_counter() - start, 1e-6)
     if cap_s is not None and per_call > cap_s:
-      result[name] = 1e3 * per_call
+      result[name] = [1e3 * per_call]
     else:
       reps[name] = max(1, int(min_batch_s / per_call))
   samples = {name: [] for name in reps}
@@ -43,6 +49,5 @@ def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
       for _ in range(reps[name] - 1):
         fn()
       sync(fn())
-      samples[name].append((time.perf_counter() - start) / reps[name])
-  result.update({name: 1e3 * statistics.median(times) for name, times in samples.items()})
-  return result
+      samples[name].append(1e3 * (time.perf_counter() - start) / reps[name])
+  return result | samples

@@ -9,14 +9,23 @@ Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every 
 xla backend), then the --finalists fastest and the heuristic's config and the xla backend timed again interleaved
 (with no more Triton candidates than --finalists, the screen is skipped), each checked against the xla backend's
 output: a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
-rejected. The fastest of the rest is the entry, "xla" where the portable backend is the fastest, unless the
-heuristic's config is within --min-gain of it: then the heuristic's config is the entry (so that a table never
-picks a config slower than the heuristic beyond noise, and the key counts as tuned). Results go to
+rejected. The fastest of the rest (by its median over the 7 interleaved rounds) is the entry, "xla" where the
+portable backend is the fastest, only where it beats the heuristic's config beyond noise (beats(): by more than
+--min-gain in the median of the per-round ratios, and in every round but one at most) and does so again in a
+confirming round (the two timed interleaved afresh: the first verdict picked the luckiest of several, so it
+cannot confirm itself); otherwise the heuristic's config is the entry (so that a table never picks a config slower
+than the heuristic beyond noise, and the key counts as tuned). Results go to
 --output (default: ./<the table name this GPU reads>, e.g. sm90-nvidia_h200.json), rewritten atomically after each
 key: killing the tuner loses no finished key, and rerunning resumes (keys in --output, or with an exact entry in
 the tables select() reads now, are skipped unless --all). Use the file with JGMM_CONFIG_FILES=path, or ship it in
 configs/. Keys are tuned largest (in flops) first; --time-limit SECONDS starts no key that would end past that
 budget (judged by the longest key so far), so that a run bounded in time stops cleanly and the next resumes.
+
+--recheck TABLE re-examines a table (after a jgmm or Triton upgrade, or one tuned by an older, less careful tuner):
+each of its entries that is not the heuristic's choice is timed against the heuristic's config (M = rows x G, the
+bucket's largest) by the rule above and kept (newly measured), or replaced by the heuristic's config; TABLE's
+entries, so changed, are written to --output (another file: an entry there that differs from TABLE's is rechecked,
+so that a rerun resumes).
 
 Candidates run in a worker process (jgmm.tune_worker): one that runs longer than --timeout seconds (a hang) or
 kills the worker (a crash) is reported and skipped, and a fresh worker goes on. Timing is serial (one candidate at
@@ -31,6 +40,7 @@ import json
 import os
 import queue
 import select
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,10 +244,44 @@ def _screen(worker, key, m, cands, todo, args, report):
 
 
 def key_candidates(key, args, device):
-  """candidates() of key for args on the worker's device: the --seed-table configs of key first."""
-  seeds = [entry.config for table in args.seed_table if (entry := table.get(key)) and entry.backend == "triton"]
-  configs = seeds + (args.candidates or candidate_space(key, args.space))
-  return candidates(key, configs, device["arch"], args.backends if device["triton"] else ["xla"])
+  """candidates() of key for args on the worker's device: the --seed-table configs of key first; with --recheck,
+  the heuristic's config and the table's choice only."""
+  if args.recheck:
+    entry = args.recheck_table[key]
+    configs, backends = ([entry.config], ["triton"]) if entry.backend == "triton" else ([], ["triton", "xla"])
+  else:
+    seeds = [entry.config for table in args.seed_table if (entry := table.get(key)) and entry.backend == "triton"]
+    configs, backends = seeds + (args.candidates or candidate_space(key, args.space)), args.backends
+  return candidates(key, configs, device["arch"], backends if device["triton"] else ["xla"])
+
+
+def beats(fast, slow, min_gain):
+  """Whether the candidate of round times `fast` beats the one of `slow` (one time per interleaved round, the same
+  rounds) beyond noise: the median of the ratios slow / fast above 1 + min_gain, and faster in every round but one
+  at most (a sign test: two equal candidates pass it with probability 8/128 at 7 rounds)."""
+  ratios = [s / f for f, s in zip(fast, slow, strict=True)]
+  return statistics.median(ratios) > 1 + min_gain and sum(r > 1 for r in ratios) >= len(ratios) - 1
+
+
+def _final(worker, key, m, cands, indices, args, report, phase="final"):
+  """{candidate index: result event} of the candidates of `indices` timed interleaved (the worker's final phase)
+  and correct (within --err-ratio of the xla backend); None if the phase failed. Each result is reported."""
+  job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in indices],
+         "seconds": args.final_s}
+  bound = args.err_ratio * max(_EPS[key.in_dtype], _EPS[key.out_dtype])
+  results = {}
+  try:
+    for event in worker.run(job, args.timeout):
+      i = indices[event["i"]]
+      if "us" in event and event["max_rel_err"] > bound:
+        event = {**event, "error": f"max_rel_err {event['max_rel_err']:.3g} > {bound:.3g}"}
+      report(phase, cands[i], event)
+      if "error" not in event:
+        results[i] = event
+  except WorkerFailed as failed:
+    report(phase, None, {"error": f"{phase} phase: {failed}"})
+    return None
+  return results
 
 
 def tune_key(worker, key, m, args, report, precompiler=None):
@@ -258,32 +302,23 @@ def tune_key(worker, key, m, args, report, precompiler=None):
     # The fastest Triton configs, the heuristic's (cands[0] with Triton) and the xla backend go to the final.
     triton = sorted((i for i in timings if cands[i]["backend"] == "triton"), key=timings.get)[:args.finalists]
     finalists = sorted(set(triton) | {i for i in timings if cands[i]["backend"] == "xla" or i == 0})
-  job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in finalists],
-         "seconds": args.final_s}
-  bound = args.err_ratio * max(_EPS[key.in_dtype], _EPS[key.out_dtype])
-  results = []
-  try:
-    for event in worker.run(job, args.timeout):
-      cand = cands[finalists[event["i"]]]
-      if "us" in event and event["max_rel_err"] > bound:
-        event = {**event, "error": f"max_rel_err {event['max_rel_err']:.3g} > {bound:.3g}"}
-      report("final", cand, event)
-      if "error" not in event:
-        results.append((event["us"], finalists[event["i"]], event))
-  except WorkerFailed as failed:
-    report("final", None, {"error": f"final phase: {failed}"})
-    return None
+  results = _final(worker, key, m, cands, finalists, args, report)
   if not results:
     return None
-  us, best, event = min(results, key=lambda r: r[:2])
-  heuristic = [r for r in results if r[1] == 0 and cands[0]["backend"] == "triton"]
-  if heuristic and heuristic[0][0] <= us * (1 + args.min_gain):  # Not faster beyond noise: keep the heuristic's.
-    us, best, event = heuristic[0]
+  best = min(results, key=lambda i: (results[i]["us"], i))
+  event = results[best]
+  if best != 0 and 0 in results and cands[0]["backend"] == "triton":  # Leave the heuristic's config only if it is
+    beaten = lambda results: beats(results[best]["samples_us"], results[0]["samples_us"], args.min_gain)
+    confirm = beaten(results) and _final(worker, key, m, cands, [best, 0], args, report, "confirm")
+    if confirm and len(confirm) == 2 and beaten(confirm):  # beaten twice, the second time in fresh rounds.
+      event = confirm[best]
+    else:
+      best, event = 0, results[0]
   cand = cands[best]
   device = worker.device
-  return config_table.Entry(key, cand["backend"], Config(**cand["config"]) if "config" in cand else None, us=us,
-                            tflops=event["tflops"], max_rel_err=event["max_rel_err"], gpu=device["gpu"],
-                            jgmm=device["jgmm_version"], triton=device["triton_version"])
+  return config_table.Entry(key, cand["backend"], Config(**cand["config"]) if "config" in cand else None,
+                            us=event["us"], tflops=event["tflops"], max_rel_err=event["max_rel_err"],
+                            gpu=device["gpu"], jgmm=device["jgmm_version"], triton=device["triton_version"])
 
 
 def _parse_shape(text, dtype, out_dtype):
@@ -299,8 +334,9 @@ def _parse_shape(text, dtype, out_dtype):
 
 
 def calls(args):
-  """[(Key, M)] of the capture files, the --shape options and the model config, in order, without repeats."""
-  found = []
+  """[(Key, M)] of the capture files, the --shape options, the model config and the --recheck table (M = rows x G),
+  in order, without repeats."""
+  found = [(key, key.rows * key.g) for key in args.recheck_table]
   for path in args.capture:
     for i, fields in enumerate(capture.read(path)):
       try:
@@ -343,9 +379,9 @@ def ints(text):
   return [int(t) for t in text.split(",")]
 
 
-def _read_seed_table(path):
+def _read_table(flag, path):
   if not os.path.exists(path):
-    raise SystemExit(f"--seed-table: no such file: {path}")
+    raise SystemExit(f"{flag}: no such file: {path}")
   return config_table.read_table(path)
 
 
@@ -377,8 +413,10 @@ def parse_args(argv):
   p.add_argument("--backends", type=lambda s: s.split(","), default=["triton", "xla"], help="triton,xla")
   p.add_argument("--space", choices=("small", "full", "none"), default="small",
                  help="the candidate space (none: the heuristic's config, --seed-table's and --candidates' only)")
-  p.add_argument("--seed-table", action="append", default=[], type=_read_seed_table,
+  p.add_argument("--seed-table", action="append", default=[], type=lambda path: _read_table("--seed-table", path),
                  help="a table file (e.g. another GPU's) whose config for a key is a candidate too (repeatable)")
+  p.add_argument("--recheck", metavar="TABLE",
+                 help="time TABLE's entries that are not the heuristic's choice against it again; keep or replace")
   p.add_argument("--candidates", type=_read_configs,
                  help="a JSON list of Config objects to screen instead of --space")
   p.add_argument("--finalists", type=int, default=3, help="Triton candidates timed again in the final phase")
@@ -394,8 +432,11 @@ def parse_args(argv):
                  help="seconds: start no key that would end past them (by the longest key so far); rerun to resume")
   args = p.parse_args(argv)
   args.out_dtype = args.out_dtype or args.dtype
-  if not (args.capture or args.shape or args.model_config):
-    p.error("give --capture, --shape or --model-config")
+  args.recheck_table = _read_table("--recheck", args.recheck) if args.recheck else {}
+  if not (args.capture or args.shape or args.model_config or args.recheck):
+    p.error("give --capture, --shape, --model-config or --recheck")
+  if args.recheck and (args.capture or args.shape or args.model_config):
+    p.error("--recheck takes its keys from the table: no --capture, --shape or --model-config with it")
   return args
 
 
@@ -418,11 +459,22 @@ def tune(args, todo, worker):
   output = args.output or config_table.table_files(device["arch"] or device["platform"], device["kind"])[0]
   table = config_table.read_table(output)
   comment = _comment(output)
-  tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
-  skipped = [key for key, _ in todo if key in tuned and not args.all]
+  if args.recheck:
+    if os.path.abspath(output) == os.path.abspath(args.recheck):
+      raise SystemExit("--recheck: --output must be another file than TABLE (a rerun tells the entries rechecked "
+                       "by their differing)")
+    # To recheck: the entries that are not the heuristic's and not yet rechecked (the same in the output).
+    table = args.recheck_table | table
+    comment = comment or _comment(args.recheck)
+    skipped = [key for key, _ in todo
+               if table[key] != args.recheck_table[key] or config_table.is_heuristic(table[key], device["arch"])]
+  else:
+    tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
+    skipped = [key for key, _ in todo if key in tuned and not args.all]
   todo = sorted(((key, m) for key, m in todo if key not in skipped), key=lambda km: -km[1] * km[0].k * km[0].n)
-  print(f"jgmm-tune on {device['gpu']} ({device['platform']}): {len(todo)} keys to tune, {len(skipped)} already "
-        f"tuned{' (--all retunes them)' if skipped else ''}; writing {output}", flush=True)
+  verb, done_word = ("recheck", "the heuristic's or rechecked") if args.recheck else ("tune", "already tuned")
+  print(f"jgmm-tune on {device['gpu']} ({device['platform']}): {len(todo)} keys to {verb}, {len(skipped)} "
+        f"{done_word}{' (--all retunes them)' if skipped and not args.recheck else ''}; writing {output}", flush=True)
   profile = open(args.profile_file, "a", buffering=1) if args.profile_file else None
   bar = _progress(len(todo))
 
@@ -470,7 +522,7 @@ def tune(args, todo, worker):
     if profile:
       profile.close()
   total = len(skipped) + len(todo)
-  print(f"tuned {len(skipped) + done} of {total} keys{'' if len(skipped) + done == total else '; rerun to resume'}"
+  print(f"{verb}d {len(skipped) + done} of {total} keys{'' if len(skipped) + done == total else '; rerun to resume'}"
         f" ({time.monotonic() - start:.0f} s)", flush=True)
 
 

@@ -13,13 +13,15 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
   screen: each candidate in turn: its first call (compile and run: "first_s" seconds), then a short timing
     (jgmm.timing.time_ms: 3 batches).
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
-    then all timed interleaved (jgmm.timing.time_interleaved: 7 rounds).
+    then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
+    "us" their median).
 Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing).
 """
 import importlib.metadata
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -165,8 +167,10 @@ def run_job(job, emit):
         fns[i] = (lambda fn=fn: fn(*arrays), timing.jax_sync)
       except Exception as e:
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    for i, ms in timing.time_interleaved(fns, min_batch_s=seconds, batches=7).items():
-      emit({"event": "result", "i": i, "us": 1e3 * ms, "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})
+    for i, samples in timing.interleaved_samples(fns, min_batch_s=seconds, batches=7).items():
+      ms = statistics.median(samples)
+      emit({"event": "result", "i": i, "us": 1e3 * ms, "samples_us": [1e3 * t for t in samples],
+            "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})
   emit({"event": "done"})
 
 

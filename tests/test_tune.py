@@ -88,8 +88,9 @@ class ModelShapesTest(absltest.TestCase):
 
 
 # A scripted worker: candidate block_m 32 hangs, 64 crashes the process, 128 fails to compile (in the compile phase
-# too); screened time = block_n (xla: FAKE_XLA_US); in the final phase block_n 16 is wrong (max_rel_err 0.5), and
-# the phase takes FAKE_FINAL_S seconds.
+# too); screened time = block_n (xla: FAKE_XLA_US); in the final phase block_n 16 is wrong (max_rel_err 0.5), the
+# phase takes FAKE_FINAL_S seconds, and a candidate's 7 round times are that time, or those FAKE_ROUNDS (a JSON list,
+# one item per final-phase job in turn) gives it: {"<block_n>" or "xla": [us, ...]}.
 _FAKE_WORKER = textwrap.dedent("""
     import json, os, sys, time
     def emit(obj):
@@ -99,6 +100,7 @@ _FAKE_WORKER = textwrap.dedent("""
       return float(os.environ["FAKE_XLA_US"]) if c["backend"] == "xla" else float(c["config"]["block_n"])
     emit({"event": "device", "platform": "fake", "gpu": "Fake GPU", "arch": None, "kind": None, "triton": True,
           "triton_version": "9.9", "jgmm_version": "0.0"})
+    rounds = json.loads(os.environ.get("FAKE_ROUNDS", "[]"))
     for line in sys.stdin:
       job = json.loads(line)
       if job["phase"] == "compile":
@@ -125,9 +127,12 @@ _FAKE_WORKER = textwrap.dedent("""
       else:
         emit({"event": "start", "i": -1})
         time.sleep(float(os.environ.get("FAKE_FINAL_S", 0)))
+        scripted = rounds.pop(0) if rounds else {}
         for i, c in enumerate(job["candidates"]):
           wrong = c["backend"] == "triton" and c["config"]["block_n"] == 16
-          emit({"event": "result", "i": i, "us": us(c), "tflops": 2.0, "max_rel_err": 0.5 if wrong else 1e-4})
+          samples = scripted.get("xla" if c["backend"] == "xla" else str(c["config"]["block_n"]), [us(c)] * 7)
+          emit({"event": "result", "i": i, "us": sorted(samples)[3], "samples_us": samples, "tflops": 2.0,
+                "max_rel_err": 0.5 if wrong else 1e-4})
       emit({"event": "done"})
     """)
 
@@ -147,14 +152,15 @@ class TunerChoiceTest(absltest.TestCase):
     self.args = tune.parse_args(["--shape", "gmm,64,32,48,4", "--timeout", "1.5", "--candidates", path])
     self.key, self.m = tune.calls(self.args)[0]
 
-  def worker(self, xla_us, final_s=0):
-    self.enter_context(mock.patch.dict(os.environ, {"FAKE_XLA_US": str(xla_us), "FAKE_FINAL_S": str(final_s)}))
+  def worker(self, xla_us, final_s=0, rounds=()):
+    self.enter_context(mock.patch.dict(os.environ, {"FAKE_XLA_US": str(xla_us), "FAKE_FINAL_S": str(final_s),
+                                                    "FAKE_ROUNDS": json.dumps(list(rounds))}))
     worker = tune.Worker(verbose=False, command=[sys.executable, "-c", _FAKE_WORKER])
     self.addCleanup(worker.stop)
     return worker
 
-  def run_tuner(self, xla_us, jobs=0):
-    worker = self.worker(xla_us)
+  def run_tuner(self, xla_us, jobs=0, rounds=()):
+    worker = self.worker(xla_us, rounds=rounds)
     worker.start()
     precompiler = None
     if jobs:
@@ -206,11 +212,11 @@ class TunerChoiceTest(absltest.TestCase):
                                  "--seed-table", table])
     entry, reports = self.run_tuner(xla_us=1000)
     self.assertEqual((entry.backend, entry.config, entry.us, entry.gpu), ("triton", seed, 64.0, "Fake GPU"))
-    self.assertEqual({phase for phase, _, _ in reports}, {"final"})  # the seed and the heuristic: 2 <= 3 finalists
-    self.assertLen(reports, 3)  # the seed, the heuristic's config, xla
+    # The seed and the heuristic: 2 <= 3 finalists. Final: the seed, the heuristic's config, xla; confirm: two.
+    self.assertEqual([phase for phase, _, _ in reports], ["final"] * 3 + ["confirm"] * 2)
     self.args.finalists = 1  # Two Triton candidates for one finalist place: screened first.
     _, reports = self.run_tuner(xla_us=1000)
-    self.assertEqual([phase for phase, _, _ in reports], ["screen"] * 3 + ["final"] * 3)
+    self.assertEqual([phase for phase, _, _ in reports], ["screen"] * 3 + ["final"] * 3 + ["confirm"] * 2)
     with self.assertRaisesRegex(SystemExit, "--seed-table: no such file: /nonexistent.json"):
       tune.parse_args(["--shape", "gmm,64,32,48,4", "--seed-table", "/nonexistent.json"])
 
@@ -222,6 +228,66 @@ class TunerChoiceTest(absltest.TestCase):
     self.assertEqual((entry.backend, entry.config, entry.us), ("triton", heuristic, 128.0))
     entry, _ = self.run_tuner(xla_us=5)  # 25x faster
     self.assertEqual((entry.backend, entry.us), ("xla", 5.0))
+
+  def test_the_heuristic_stays_unless_beaten_in_the_rounds_and_again_in_a_confirming_round(self):
+    heuristic = config_table.heuristic_config(self.key, None)  # block_n 128; the best finalist: block_n 32
+    slow, fast = [128.0] * 7, [32.0] * 7
+    lucky = [32.0] * 5 + [200.0, 200.0]  # the fastest median, but slower than the heuristic in 2 rounds of 7
+    entry, reports = self.run_tuner(xla_us=1000, rounds=[{"32": lucky}])
+    self.assertEqual((entry.config, entry.us), (heuristic, 128.0))
+    self.assertNotIn("confirm", {phase for phase, _, _ in reports})  # not beaten: no confirming round
+    entry, reports = self.run_tuner(xla_us=1000, rounds=[{"32": fast}, {"32": slow, "128": fast}])
+    self.assertEqual((entry.config, entry.us), (heuristic, 128.0))  # the confirming round disagrees
+    confirmed = [(c["config"]["block_n"], e["us"]) for phase, c, e in reports if phase == "confirm"]
+    self.assertEqual(confirmed, [(32, 128.0), (128, 32.0)])
+    entry, _ = self.run_tuner(xla_us=1000, rounds=[{"32": fast}, {"32": [30.0] * 7}])
+    self.assertEqual((entry.config.block_n, entry.us), (32, 30.0))  # confirmed: the confirming round's time
+    entry, _ = self.run_tuner(xla_us=5, rounds=[{}, {"xla": [500.0] * 7}])
+    self.assertEqual(entry.config, heuristic)  # xla too must be confirmed
+
+  def test_beats_needs_the_median_gain_and_all_rounds_but_one(self):
+    slow = [100.0, 100, 100, 100, 100, 100, 100]
+    self.assertTrue(tune.beats([90.0, 90, 90, 90, 90, 90, 101], slow, 0.01))  # one round lost
+    self.assertFalse(tune.beats([90.0, 90, 90, 90, 90, 101, 101], slow, 0.01))  # two lost
+    self.assertFalse(tune.beats([99.5] * 7, slow, 0.01))  # faster every round, but within min_gain
+    self.assertTrue(tune.beats([98.0] * 7, slow, 0.01))
+    self.assertFalse(tune.beats(slow, slow, 0.0))
+    with self.assertRaises(ValueError):
+      tune.beats([1.0] * 6, slow, 0.01)  # rounds must pair
+
+  def test_recheck_keeps_entries_that_hold_up_replaces_the_rest_and_resumes(self):
+    heuristic = config_table.heuristic_config(self.key, None)
+    keys = [config_table.make_key("gmm", "bfloat16", "bfloat16", 16, 32, n, 4) for n in (48, 96, 192, 384)]
+    self.assertTrue(all(config_table.heuristic_config(k, None) == heuristic for k in keys))
+    fast, other = Config(16, 32, 16, 4, 2), Config(16, 256, 16, 4, 2)  # 32 us, 256 us; the heuristic's 128 us
+    entries = [config_table.Entry(keys[0], "triton", fast, us=1.0), config_table.Entry(keys[1], "triton", other, us=2.0),
+               config_table.Entry(keys[2], "triton", heuristic, us=3.0), config_table.Entry(keys[3], "xla", None)]
+    source, output = os.path.join(self.dir, "shipped.json"), os.path.join(self.dir, "rechecked.json")
+    config_table.write_table(source, entries, comment="the shipped table")
+    self.args = tune.parse_args(["--recheck", source, "--output", output, "--timeout", "1.5", "--jobs", "0",
+                                 "--profile-file", os.path.join(self.dir, "profile.jsonl")])
+    todo = tune.calls(self.args)
+    self.assertEqual(dict(todo), {k: 64 for k in keys})  # M = rows x G
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      tune.tune(self.args, todo, self.worker(xla_us=1000))
+    self.assertIn("3 keys to recheck, 1 the heuristic's or rechecked", out.getvalue())
+    table = config_table.read_table(output)
+    self.assertEqual({k: (e.backend, e.config, e.us) for k, e in table.items()},
+                     {keys[0]: ("triton", fast, 32.0), keys[1]: ("triton", heuristic, 128.0),
+                      keys[2]: ("triton", heuristic, 3.0), keys[3]: ("triton", heuristic, 128.0)})
+    with open(output) as f:
+      self.assertEqual(json.load(f)["comment"], "the shipped table")
+    with open(os.path.join(self.dir, "profile.jsonl")) as f:
+      timed = {(r["key"], json.dumps(r["candidate"])) for r in map(json.loads, f)}
+    self.assertLen(timed, 6)  # each rechecked entry's choice and the heuristic's config: nothing else
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      tune.tune(self.args, todo, self.worker(xla_us=1000))  # rerun: all rechecked
+    self.assertIn("0 keys to recheck, 4 the heuristic's or rechecked", out.getvalue())
+    self.args.output = source
+    with self.assertRaisesRegex(SystemExit, "--recheck: --output must be another file than TABLE"):
+      tune.tune(self.args, todo, self.worker(xla_us=1000))
+    with self.assertRaisesRegex(SystemExit, "--recheck: no such file: /nonexistent.json"):
+      tune.parse_args(["--recheck", "/nonexistent.json"])
 
   def test_time_limit_stops_before_a_key_and_a_rerun_resumes_largest_first(self):
     output = os.path.join(self.dir, "table.json")
