@@ -522,7 +522,8 @@ def tune(args, todo, worker):
     if profile:
       profile.close()
   total = len(skipped) + len(todo)
-  print(f"{verb}d {len(skipped) + done} of {total} keys{'' if len(skipped) + done == total else '; rerun to resume'}"
+  finished = len(skipped) + done
+  print(f"{verb.removesuffix('e')}ed {finished} of {total} keys{'' if finished == total else '; rerun to resume'}"
         f" ({time.monotonic() - start:.0f} s)", flush=True)
 
 

@@ -260,8 +260,9 @@ class TunerChoiceTest(absltest.TestCase):
     keys = [config_table.make_key("gmm", "bfloat16", "bfloat16", 16, 32, n, 4) for n in (48, 96, 192, 384)]
     self.assertTrue(all(config_table.heuristic_config(k, None) == heuristic for k in keys))
     fast, other = Config(16, 32, 16, 4, 2), Config(16, 256, 16, 4, 2)  # 32 us, 256 us; the heuristic's 128 us
-    entries = [config_table.Entry(keys[0], "triton", fast, us=1.0), config_table.Entry(keys[1], "triton", other, us=2.0),
-               config_table.Entry(keys[2], "triton", heuristic, us=3.0), config_table.Entry(keys[3], "xla", None)]
+    entry = config_table.Entry
+    entries = [entry(keys[0], "triton", fast, us=1.0), entry(keys[1], "triton", other, us=2.0),
+               entry(keys[2], "triton", heuristic, us=3.0), entry(keys[3], "xla", None)]
     source, output = os.path.join(self.dir, "shipped.json"), os.path.join(self.dir, "rechecked.json")
     config_table.write_table(source, entries, comment="the shipped table")
     self.args = tune.parse_args(["--recheck", source, "--output", output, "--timeout", "1.5", "--jobs", "0",
@@ -349,6 +350,7 @@ class WorkerTest(absltest.TestCase):
     self.assertLess(results[0]["max_rel_err"], 1e-5)  # Triton's interpreter against the xla backend
     self.assertEqual(results[1]["max_rel_err"], 0.0)
     self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
+    self.assertTrue(all(len(r["samples_us"]) == 7 and r["us"] in r["samples_us"] for r in results.values()))
 
   def test_the_compile_phase_lowers_for_the_gpu_without_one(self):
     self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
