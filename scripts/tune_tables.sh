@@ -9,6 +9,9 @@
 #   the heuristic, and the geomean) for what is left of BUDGET=540 seconds; JOBS: the tuner's --jobs (default: the
 #   CPU cores less two, the timing worker's and the tuner's); TUNE_ARGS: more tuner options, e.g. to tune from
 #   another GPU's choices: TUNE_ARGS="--space none --seed-table configs/sm90-nvidia_h100_80gb_hbm3.json".
+#   RECHECK=1: instead, jgmm-tune --recheck TABLE (its entries that differ from the heuristic's config, timed against
+#   it again: kept or replaced) into /tmp/jgmm-recheck/<TABLE's name> (a rerun on the same, warm machine resumes),
+#   copied to $OUT.
 # A TABLE that does not exist yet starts as a copy of the table this GPU reads now (e.g. configs/sm90.json on an
 # H200), whose entries it would otherwise hide (a GPU reads the first of configs/<arch>-<model>.json and
 # configs/<arch>.json that exists). With $OUT set (the device tool's folder that comes back), the tuner writes
@@ -39,13 +42,20 @@ if [[ -n $out ]]; then
   output=$out/$(basename "$table")
   if [[ -e $table ]]; then cp "$table" "$output"; fi
 fi
-models=(examples/models/{mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-20b}.json)
-python -m jgmm.tune "${models[@]/#/--model-config=}" --ep 1,8 --tokens 1,16,64,256,1024,4096,16384 \
-  --ops gmm,gmm_t,tgmm,masked --time-limit "${TIME_LIMIT:-420}" --jobs "${JOBS:-$(( $(nproc) - 2 ))}" --output "$output" \
-  --profile-file "$log_dir/tune-profile.jsonl" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
+common=(--time-limit "${TIME_LIMIT:-420}" --jobs "${JOBS:-$(( $(nproc) - 2 ))}" --profile-file "$log_dir/tune-profile.jsonl")
+if [[ ${RECHECK:-0} == 1 ]]; then
+  output=/tmp/jgmm-recheck/$(basename "$table")
+  mkdir -p /tmp/jgmm-recheck
+  python -m jgmm.tune --recheck "$table" --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
+  if [[ -n $out ]]; then cp "$output" "$out/"; output=$out/$(basename "$table"); fi
+else
+  models=(examples/models/{mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-20b}.json)
+  python -m jgmm.tune "${models[@]/#/--model-config=}" --ep 1,8 --tokens 1,16,64,256,1024,4096,16384 \
+    --ops gmm,gmm_t,tgmm,masked --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
+fi
 left=$(( ${BUDGET:-540} - SECONDS ))
 if [[ ${BENCH:-0} == 1 && $left -gt 60 ]]; then
   python -m jgmm.bench_tuned --table "$output" --time-limit $(( left - 45 )) --out "$log_dir/bench_tuned.json" \
     2>&1 | tee "$log_dir/bench_tuned.log"
 fi
-echo "$(grep -o 'tuned [0-9]* of [0-9]* keys.*' "$log_dir/tune.log" | tail -n 1); table: $output${out:+ (copy it to $table)}"
+echo "$(grep -oE '(tun|recheck)ed [0-9]+ of [0-9]+ keys.*' "$log_dir/tune.log" | tail -n 1); table: $output${out:+ (copy it to $table)}"
