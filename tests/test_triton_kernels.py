@@ -406,6 +406,41 @@ class CrossLoweringTest(parameterized.TestCase):
         s((groups, 256, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32))
     self.assert_loads_through_tma(signatures, tma)
 
+  @parameterized.parameters(  # Configs at or near sm_90's limit, each path (TMA, pointers, ws, TMA store, swiglu).
+      ("gmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3, warp_specialized=True)),
+      ("gmm_t", jnp.bfloat16, None, Config(128, 128, 64, 8, 5, warp_specialized=True)),
+      ("gmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3, tma_store=True)),
+      ("gmm", jnp.float32, None, Config(64, 256, 32, 4, 4)), ("gmm", jnp.bfloat16, "swiglu", Config(64, 128, 64, 4, 4)),
+      ("gmm_t", jnp.float32, None, Config(64, 128, 64, 4, 4)), ("gmm", jnp.bfloat16, None, Config(16, 128, 128, 4, 6)),
+      ("tgmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3)), ("tgmm", jnp.float32, None, Config(128, 64, 64, 4, 6)),
+      ("masked", jnp.bfloat16, None, Config(128, 256, 64, 8, 3)))
+  def test_configs_that_fit_compile_within_sm90s_shared_memory(self, op, out_dtype, activation, config):
+    """config_table.fits() (the heuristic's shrinking, the tuner's space) admits config on sm90, and the kernel
+    Triton compiles for it stays within sm_90's 227 KiB per block (bf16 inputs; the Triton installed)."""
+    from jgmm import config_table
+    dt, s = jnp.bfloat16, jax.ShapeDtypeStruct
+    m, k, n, groups = 4096, 2048, 2048, 4
+    key = config_table.make_key(op, "bfloat16", jnp.dtype(out_dtype).name, m / groups, k, n, groups,
+                                transpose=op in ("gmm_t", "tgmm"), activation=activation)
+    self.assertTrue(config_table.fits(key, config, "sm90"), config)
+    before = set(_compile._cache)
+    if op == "tgmm":
+      self.lower(lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=True, out_dtype=out_dtype,
+                                                     bias_grad=False, config=config),
+                 s((m, k), dt), s((m, n), dt), s((groups + 1,), jnp.int32))
+    elif op == "masked":
+      self.lower(lambda x, w, mm: backend_triton.masked_gmm(x, w, mm, out_dtype=out_dtype, expected_m=None,
+                                                            config=config),
+                 s((groups, m // groups, k), dt), s((groups, n, k), dt), s((groups,), jnp.int32))
+    else:
+      transpose = op == "gmm_t"
+      self.lower(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=transpose,
+                                                    out_dtype=out_dtype, activation=activation,
+                                                    save_preactivation=False, config=config),
+                 s((m, k), dt), s((groups, n, k) if transpose else (groups, k, n), dt), s((groups + 1,), jnp.int32))
+    for compiled in (_compile._cache[new] for new in set(_compile._cache) - before):
+      self.assertBetween(compiled.shared_mem_bytes, 1, 227 * 1024)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # GPU
