@@ -441,7 +441,6 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
   return _fit_shared_memory(key.op, config, arch, _ITEMSIZE[key.in_dtype], _ITEMSIZE[key.out_dtype], swiglu)
 
 
-
 def is_heuristic(entry: Entry, arch: str | None) -> bool:
   """Whether entry chooses what the heuristic would (Triton with heuristic_config) on arch."""
   return entry.backend == "triton" and entry.config == heuristic_config(entry.key, arch)

@@ -475,9 +475,12 @@ def tune(args, todo, worker):
     tuned = set(table) | set(config_table.active_table(device["arch"], device["kind"]))
     skipped = [key for key, _ in todo if key in tuned and not args.all]
   todo = sorted(((key, m) for key, m in todo if key not in skipped), key=lambda km: -km[1] * km[0].k * km[0].n)
-  verb, done_word = ("recheck", "the heuristic's or rechecked") if args.recheck else ("tune", "already tuned")
+  if args.recheck:
+    verb, done_verb, skipped_as = "recheck", "rechecked", "the heuristic's or rechecked"
+  else:
+    verb, done_verb, skipped_as = "tune", "tuned", "already tuned" + (" (--all retunes them)" if skipped else "")
   print(f"jgmm-tune on {device['gpu']} ({device['platform']}): {len(todo)} keys to {verb}, {len(skipped)} "
-        f"{done_word}{' (--all retunes them)' if skipped and not args.recheck else ''}; writing {output}", flush=True)
+        f"{skipped_as}; writing {output}", flush=True)
   profile = open(args.profile_file, "a", buffering=1) if args.profile_file else None
   bar = _progress(len(todo))
 
@@ -526,7 +529,7 @@ def tune(args, todo, worker):
       profile.close()
   total = len(skipped) + len(todo)
   finished = len(skipped) + done
-  print(f"{verb.removesuffix('e')}ed {finished} of {total} keys{'' if finished == total else '; rerun to resume'}"
+  print(f"{done_verb} {finished} of {total} keys{'' if finished == total else '; rerun to resume'}"
         f" ({time.monotonic() - start:.0f} s)", flush=True)
 
 

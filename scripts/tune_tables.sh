@@ -37,18 +37,20 @@ if [[ ! -e $table && $shipped != - ]]; then
   cp "$shipped" "$table"
   echo "started $table from $shipped"
 fi
-output=$table
-if [[ -n $out ]]; then
-  output=$out/$(basename "$table")
-  if [[ -e $table ]]; then cp "$table" "$output"; fi
-fi
-common=(--time-limit "${TIME_LIMIT:-420}" --jobs "${JOBS:-$(( $(nproc) - 2 ))}" --profile-file "$log_dir/tune-profile.jsonl")
+common=(--time-limit "${TIME_LIMIT:-420}" --jobs "${JOBS:-$(( $(nproc) - 2 ))}"
+        --profile-file "$log_dir/tune-profile.jsonl")
 if [[ ${RECHECK:-0} == 1 ]]; then
-  output=/tmp/jgmm-recheck/$(basename "$table")
+  output=/tmp/jgmm-recheck/$(basename "$table")  # starts as TABLE: its entries equal to TABLE's are still to recheck
   mkdir -p /tmp/jgmm-recheck
+  [[ -e $output ]] || cp "$table" "$output"
   python -m jgmm.tune --recheck "$table" --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
   if [[ -n $out ]]; then cp "$output" "$out/"; output=$out/$(basename "$table"); fi
 else
+  output=$table
+  if [[ -n $out ]]; then
+    output=$out/$(basename "$table")
+    if [[ -e $table ]]; then cp "$table" "$output"; fi
+  fi
   models=(examples/models/{mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-20b}.json)
   python -m jgmm.tune "${models[@]/#/--model-config=}" --ep 1,8 --tokens 1,16,64,256,1024,4096,16384 \
     --ops gmm,gmm_t,tgmm,masked --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"

@@ -245,7 +245,7 @@ class TunerChoiceTest(absltest.TestCase):
     entry, _ = self.run_tuner(xla_us=5, rounds=[{}, {"xla": [500.0] * 7}])
     self.assertEqual(entry.config, heuristic)  # xla too must be confirmed
 
-  def test_beats_needs_the_median_gain_and_all_rounds_but_one(self):
+  def test_beats_needs_the_median_gain_and_5_of_7_rounds(self):
     slow = [100.0, 100, 100, 100, 100, 100, 100]
     self.assertTrue(tune.beats([90.0, 90, 90, 90, 90, 101, 300], slow, 0.01))  # two rounds lost (a stall)
     self.assertFalse(tune.beats([90.0, 90, 90, 90, 101, 101, 101], slow, 0.01))  # three lost
