@@ -9,7 +9,8 @@ and their ratio, marks SLOWER where the tuned choice is slower beyond --noise, a
 tuned over those keys and over all entries (an entry that is the heuristic's config counts 1.0, untimed).
 Model level (--model-config, repeatable; each --ep): one MoE layer (gmm with swiglu up, gmm down; model_shapes.py's
 shapes) forward and forward+backward at each token count, compiled once with the tables (and --table) and once with
-the heuristic only, timed interleaved.
+the heuristic only, timed interleaved. A small key or layer runs several times in one program (jgmm.timing.chain),
+so that the GPU's time is timed, not the host's dispatch; times are per run.
 """
 import argparse
 import contextlib
@@ -49,7 +50,7 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
       print(f"| stopped at --time-limit {time_limit:.0f} s |")
       break
     try:
-      arrays, call, _ = tune_worker.problem(key, key.rows * key.g)
+      arrays, call, _, runs = tune_worker.problem(key, key.rows * key.g)
     except ValueError as e:  # an op the tuner cannot time yet
       print(f"| {key} | skipped: {e} |")
       continue
@@ -58,8 +59,8 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
     heuristic = call("triton", config_table.heuristic_config(key, arch))
     fns["heuristic"] = (lambda: heuristic(*arrays), timing.jax_sync)
     ms = timing.time_interleaved(fns, min_batch_s=batch_s)
-    row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"],
-           "heuristic_us": 1e3 * ms["heuristic"], "speedup": ms["heuristic"] / ms["tuned"]}
+    row = {"key": str(key), "backend": entry.backend, "tuned_us": 1e3 * ms["tuned"] / runs,
+           "heuristic_us": 1e3 * ms["heuristic"] / runs, "speedup": ms["heuristic"] / ms["tuned"]}
     row["slower"] = row["speedup"] < 1 - noise
     print(f"| {row['key']} | {entry.backend} | {row['tuned_us']:.1f} | {row['heuristic_us']:.1f} | "
           f"{row['speedup']:.3f}x{' SLOWER' if row['slower'] else ''} |", flush=True)
@@ -67,13 +68,14 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
   return rows, same
 
 
-def layer_fns(sizes, dout):
-  """(forward, forward+backward) of one MoE layer (gmm with swiglu up, gmm down), jitted afresh: select() runs
-  while lowering and jax reuses a function's lowering, so the tables and the heuristic need functions each."""
-  def layer(x, w_up, w_down):
+def layer_fns(dout, runs):
+  """(forward, forward+backward) of one MoE layer (gmm with swiglu up, gmm down) of (x, w_up, w_down, group sizes),
+  each run `runs` times in one program (timing.chain), jitted afresh: select() runs while lowering and jax reuses a function's lowering, so the
+  tables and the heuristic need functions each."""
+  def layer(x, w_up, w_down, sizes):
     return jgmm.gmm(jgmm.gmm(x, w_up, sizes, activation="swiglu"), w_down, sizes)
-  loss = lambda x, a, b: jnp.vdot(layer(x, a, b).astype(jnp.float32), dout.astype(jnp.float32))
-  return jax.jit(layer), jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+  loss = lambda x, a, b, sizes: jnp.vdot(layer(x, a, b, sizes).astype(jnp.float32), dout.astype(jnp.float32))
+  return tuple(jax.jit(timing.chain(f, runs)) for f in (layer, jax.value_and_grad(loss, argnums=(0, 1, 2))))
 
 
 def bench_model(dims, ep, tokens):
@@ -90,14 +92,16 @@ def bench_model(dims, ep, tokens):
     w_down = (jax.random.normal(keys[2], (g, dims.intermediate, dims.hidden)) / np.sqrt(dims.intermediate)
               ).astype(jnp.bfloat16)
     dout = jax.random.normal(keys[3], (m, dims.hidden), jnp.bfloat16)
-    args = (x, w_up, w_down)
-    compiled = {"tuned": [f.lower(*args).compile() for f in layer_fns(sizes, dout)]}
+    args = (x, w_up, w_down, sizes)
+    runs = timing.chain_runs(bench.speed_of_light_ms(m, dims.hidden, 2 * dims.intermediate, g)
+                             + bench.speed_of_light_ms(m, dims.intermediate, dims.hidden, g))
+    compiled = {"tuned": [f.lower(*args).compile() for f in layer_fns(dout, runs)]}
     with heuristic_only():
-      compiled["heuristic"] = [f.lower(*args).compile() for f in layer_fns(sizes, dout)]
+      compiled["heuristic"] = [f.lower(*args).compile() for f in layer_fns(dout, runs)]
     row = {"tokens": t, "m": m, "g": g}
     for i, phase in enumerate(("fwd", "fwd_bwd")):
-      ms = timing.time_interleaved({name: (lambda f=fns[i]: f(*args), timing.jax_sync)
-                                   for name, fns in compiled.items()})
+      ms = {name: total / runs for name, total in timing.time_interleaved(
+          {name: (lambda f=fns[i]: f(*args), timing.jax_sync) for name, fns in compiled.items()}).items()}
       row |= {f"{phase}_tuned_ms": ms["tuned"], f"{phase}_heuristic_ms": ms["heuristic"],
               f"{phase}_speedup": ms["heuristic"] / ms["tuned"]}
     print(f"| {t} | {m} | {row['fwd_tuned_ms']:.3f} | {row['fwd_heuristic_ms']:.3f} | {row['fwd_speedup']:.3f}x | "

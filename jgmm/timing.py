@@ -1,16 +1,44 @@
 """Wall-clock timing of asynchronous calls (JAX or torch), shared by `python -m jgmm` and jgmm.bench.
 
 Timing: wall clock around a batch of asynchronous calls ended by one synchronisation, median of several
-batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead).
+batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead). A call whose
+GPU work is shorter than the host's dispatch of it (tens of us) times the host: chain() runs it several times in
+one program.
 """
+import math
 import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 
 
 def jax_sync(x):
   jax.block_until_ready(x)
+
+
+def chain(fn, runs):
+  """fn(*args) run `runs` times in one program (jit the result), returning the last run's output; one dispatch of
+  the host then covers `runs` times fn's GPU work (divide the time by runs). Each run after the first gets, in the
+  first element of args[0], 1 added where the first element of one of the last run's outputs is NaN, which it is
+  not for finite inputs: a true data dependency (an optimisation barrier alone is expanded before XLA's CSE on some
+  backends), so XLA neither merges the runs nor hoists them. All of fn's work must read args[0] (the activations:
+  group sizes or masked_m will not do, XLA's backend applies them after a dot it can then share). Its cost: one
+  copy of args[0] per call and a one-element update per run."""
+  def chained(first, *rest):
+    out = fn(first, *rest)
+    for _ in range(runs - 1):
+      nan = jnp.any(jnp.stack([jnp.isnan(leaf.ravel()[0]) for leaf in jax.tree.leaves(out)]))
+      first = first.at[(0,) * first.ndim].add(nan.astype(first.dtype))
+      out = fn(first, *rest)
+    return out
+  return chained
+
+
+def chain_runs(floor_ms, target_ms=0.5, most=32):
+  """How many runs of work whose speed-of-light time is floor_ms fill about target_ms of GPU time (1 to most): a
+  chain() that long keeps the GPU, not the host's dispatch, the bottleneck."""
+  return min(most, max(1, math.ceil(target_ms / max(floor_ms, 1e-9))))
 
 
 def time_ms(fn, sync, min_batch_s=0.05, batches=7):

@@ -15,7 +15,8 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
     then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
     "us" their median).
-Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing).
+Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing),
+several runs of the op in one program for a small key (problem()); every time reported is one run's.
 """
 import importlib.metadata
 import json
@@ -51,8 +52,10 @@ def device():
 
 
 def problem(key, m, seed=0, abstract=False):
-  """(arrays, call(backend, config) -> a jitted function of the arrays, flops) of one key with m total rows.
-  abstract: the arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated)."""
+  """(arrays, call(backend, config) -> a jitted function of the arrays, flops, runs) of one key with m total rows:
+  the function runs the op `runs` times in one program (timing.chain, enough runs for about 0.5 ms at the speed of
+  light) on a GPU, so that timing it times the GPU's work, not the host's dispatch (divide by runs). abstract: the
+  arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated) and one run."""
   if key.op not in ("gmm", "gmm_t", "tgmm", "masked") or {key.in_dtype, key.out_dtype} - set(_DTYPES):
     raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} yet")
   dtype, out_dtype = _DTYPES[key.in_dtype], _DTYPES[key.out_dtype]
@@ -61,25 +64,28 @@ def problem(key, m, seed=0, abstract=False):
   normal = lambda shape, scale=1.0: (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
   build = jax.eval_shape if abstract else lambda make: make()
   flops = 2 * m * k * n
+  on_gpu = not abstract and jax.default_backend() == "gpu"  # elsewhere calls are synchronous: nothing to amortise
+  runs = timing.chain_runs(bench.speed_of_light_ms(m, k, n, g)) if on_gpu else 1
+  jit = lambda op: jax.jit(timing.chain(op, runs))
   if key.op == "masked":
     arrays = build(lambda: (normal((g, m // g, k), k**-0.5), normal((g, n, k)), jnp.full((g,), m // g, jnp.int32)))
-    return arrays, lambda backend, config: jax.jit(lambda x, w, mm: jgmm.masked_gmm(
-        x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops
+    return arrays, lambda backend, config: jit(lambda x, w, mm: jgmm.masked_gmm(
+        x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops, runs
   sizes = bench.group_sizes(m, g, seed)
   if key.op == "tgmm":
     arrays = build(lambda: (normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n)), jnp.asarray(sizes),
                             normal((g, k, n)).astype(out_dtype) if key.accumulate else None))
-    return arrays, lambda backend, config: jax.jit(lambda lhs, rhs, sizes, existing: jgmm.tgmm(
+    return arrays, lambda backend, config: jit(lambda lhs, rhs, sizes, existing: jgmm.tgmm(
         lhs, rhs, sizes, transpose_lhs=key.transpose, preferred_element_type=out_dtype, existing_out=existing,
-        bias_grad=key.bias, config=config, backend=backend)), flops
+        bias_grad=key.bias, config=config, backend=backend)), flops, runs
   n_out = n // 2 if key.activation == "swiglu" else n
   arrays = build(lambda: (normal((m, k), k**-0.5), normal((g, n, k) if key.transpose else (g, k, n)),
                           jnp.asarray(sizes), normal((g, n)) if key.bias else None,
                           normal((m, n_out)).astype(out_dtype) if key.accumulate else None))
-  return arrays, lambda backend, config: jax.jit(
+  return arrays, lambda backend, config: jit(
       lambda lhs, rhs, sizes, bias, existing: jgmm.gmm(
           lhs, rhs, sizes, bias=bias, transpose_rhs=key.transpose, preferred_element_type=out_dtype,
-          existing_out=existing, activation=key.activation, config=config, backend=backend)), flops
+          existing_out=existing, activation=key.activation, config=config, backend=backend)), flops, runs
 
 
 @jax.jit
@@ -107,7 +113,7 @@ class _Problem:
 
   def __init__(self, key, m, abstract):
     self.id = (key, m, abstract)
-    self.arrays, self._call, self.flops = problem(key, m, abstract=abstract)
+    self.arrays, self._call, self.flops, self.runs = problem(key, m, abstract=abstract)
     self._fns = {}
 
   def call(self, backend, config):
@@ -133,7 +139,7 @@ def run_job(job, emit):
         emit({"event": "result", "i": i, "error": str(e)})
       emit({"event": "done"})
       return
-  arrays, call, flops = _current.arrays, _current.call, _current.flops
+  arrays, call, flops, runs = _current.arrays, _current.call, _current.flops, _current.runs
   candidates, seconds = job["candidates"], job["seconds"]
   if job["phase"] == "compile":
     for i, candidate in enumerate(candidates):
@@ -152,7 +158,7 @@ def run_job(job, emit):
         start = time.perf_counter()
         timing.jax_sync(fn(*arrays))
         first_s = time.perf_counter() - start
-        us = 1e3 * timing.time_ms(lambda: fn(*arrays), timing.jax_sync, min_batch_s=seconds, batches=3)
+        us = 1e3 * timing.time_ms(lambda: fn(*arrays), timing.jax_sync, min_batch_s=seconds, batches=3) / runs
         emit({"event": "result", "i": i, "us": us, "tflops": flops / us / 1e6, "first_s": first_s})
       except Exception as e:  # A candidate that does not compile or run is reported and skipped.
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -168,8 +174,8 @@ def run_job(job, emit):
       except Exception as e:
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
     for i, samples in timing.interleaved_samples(fns, min_batch_s=seconds, batches=7).items():
-      ms = statistics.median(samples)
-      emit({"event": "result", "i": i, "us": 1e3 * ms, "samples_us": [1e3 * t for t in samples],
+      ms = statistics.median(samples) / runs
+      emit({"event": "result", "i": i, "us": 1e3 * ms, "samples_us": [1e3 * t / runs for t in samples],
             "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})
   emit({"event": "done"})
 

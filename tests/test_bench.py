@@ -1,6 +1,6 @@
 """jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
-jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch)."""
+jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run."""
 import functools
 import os
 import sys
@@ -48,14 +48,34 @@ class BenchTunedTest(absltest.TestCase):
     config_table.write_table(path, [config_table.Entry(up, "xla", None)])  # the up projection: the xla backend
     self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90", "JGMM_CONFIG_FILES": path}))
     bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-    args = (bf16(m, h), bf16(g, h, 2 * i), bf16(g, i, h))
-    sizes, dout = jnp.full((g,), m // g, jnp.int32), jnp.zeros((m, h), jnp.bfloat16)
-    kernels = lambda: [f.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count("triton_kernel_call")
-                       for f in bench_tuned.layer_fns(sizes, dout)]
+    args = (bf16(m, h), bf16(g, h, 2 * i), bf16(g, i, h), jax.ShapeDtypeStruct((g,), jnp.int32))
+    dout = jnp.zeros((m, h), jnp.bfloat16)
+    kernels = lambda runs=1: [f.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count(
+        "triton_kernel_call") for f in bench_tuned.layer_fns(dout, runs)]
     tuned = kernels()
     with bench_tuned.heuristic_only():
       heuristic = kernels()
     self.assertEqual([t + 1 for t in tuned], heuristic)  # forward and forward+backward: one Triton kernel fewer
+    self.assertEqual(kernels(runs=3), [3 * t for t in tuned])  # chained: every run's kernels, none merged
+
+
+class ChainTest(absltest.TestCase):
+
+  def test_every_run_stays_in_the_compiled_program(self):
+    fn = lambda x, y, n: jnp.where(jnp.arange(32)[:, None] < n, jnp.tanh(x @ y), 0)  # as a masked product
+    x, y = (jax.random.normal(k, (32, 32)) for k in jax.random.split(jax.random.key(0), 2))
+    n = jnp.int32(20)
+    chained = jax.jit(timing.chain(fn, 4))
+    np.testing.assert_array_equal(chained(x, y, n), jax.jit(fn)(x, y, n))
+    count_dots = lambda f: f.lower(x, y, n).compile().as_text().count(" dot(")
+    self.assertEqual(count_dots(chained), 4)
+    self.assertEqual(count_dots(jax.jit(lambda *a: [fn(*a) for _ in range(4)][-1])), 1)  # without the tie: merged
+
+  def test_runs_fill_the_target_time(self):
+    self.assertEqual(timing.chain_runs(1.0), 1)
+    self.assertEqual(timing.chain_runs(0.1), 5)
+    self.assertEqual(timing.chain_runs(0.001), 32)  # at most 32
+    self.assertEqual(timing.chain_runs(0.0), 32)
 
 
 class HeteroFp8CaseTest(absltest.TestCase):

@@ -360,6 +360,14 @@ class WorkerTest(absltest.TestCase):
     self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
     self.assertTrue(all(len(r["samples_us"]) == 7 and r["us"] in r["samples_us"] for r in results.values()))
 
+  def test_on_a_gpu_a_small_key_runs_chained_and_no_run_is_merged(self):
+    key = config_table.make_key("gmm", "float32", "float32", 128, 64, 32, 1)  # one row tile: XLA drops the offset
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+      arrays, call, _, runs = tune_worker.problem(key, 128)
+    self.assertEqual(runs, 32)
+    self.assertEqual(call("xla", None).lower(*arrays).compile().as_text().count(" dot("), runs)
+    self.assertEqual(tune_worker.problem(key, 128)[3], 1)  # elsewhere calls are synchronous: one run
+
   def test_the_compile_phase_lowers_for_the_gpu_without_one(self):
     self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
     key = config_table.make_key("gmm", "bfloat16", "bfloat16", 64, 64, 128, 2)
