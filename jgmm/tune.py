@@ -30,7 +30,9 @@ so that a rerun resumes).
 Candidates run in a worker process (jgmm.tune_worker): one that runs longer than --timeout seconds (a hang) or
 kills the worker (a crash) is reported and skipped, and a fresh worker goes on. Timing is serial (one candidate at
 a time on the GPU) but compiling is not: --jobs worker processes without a GPU (Precompiler) compile the Triton
-candidates of the keys ahead into Triton's on-disk cache meanwhile; one that fails there is not screened. On a
+candidates of the keys ahead into Triton's on-disk cache meanwhile; one that fails there is not screened. A small
+key runs several times in each timed program (jgmm.tune_worker.problem, jgmm.timing.chain), so that the GPU's time
+is measured, not the host's dispatch (tens of us: it hid a 23 us kernel behind 66 us). On a
 machine without a GPU, the xla backend runs (and Triton's interpreter under TRITON_INTERPRET=1), so the loop runs
 end to end on a CPU.
 """
