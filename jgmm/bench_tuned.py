@@ -70,8 +70,8 @@ def bench_keys(entries, arch, noise, time_limit=None, batch_s=0.05):
 
 def layer_fns(dout, runs):
   """(forward, forward+backward) of one MoE layer (gmm with swiglu up, gmm down) of (x, w_up, w_down, group sizes),
-  each run `runs` times in one program (timing.chain), jitted afresh: select() runs while lowering and jax reuses a function's lowering, so the
-  tables and the heuristic need functions each."""
+  each run `runs` times in one program (timing.chain), jitted afresh: select() runs while lowering and jax reuses a
+  function's lowering, so the tables and the heuristic need functions each."""
   def layer(x, w_up, w_down, sizes):
     return jgmm.gmm(jgmm.gmm(x, w_up, sizes, activation="swiglu"), w_down, sizes)
   loss = lambda x, a, b, sizes: jnp.vdot(layer(x, a, b, sizes).astype(jnp.float32), dout.astype(jnp.float32))
