@@ -19,6 +19,7 @@ from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_fp8_ws
 from jgmm.triton_kernels import gmm_ws
+from jgmm.triton_kernels import tgmm_fp8_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
 _DEFAULT_NUM_SMS = {90: 132, 80: 108}  # When lowering for JGMM_TARGET without such a GPU present.
@@ -458,6 +459,25 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       DOT_PRECISION=_dot_precision(None))
 
 
+def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device):
+  """out (G, K, N) of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M), bounds (G + 1,), lhs_scale (MB, K), rhs_scale
+  (MB, N)."""
+  k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
+  block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
+  layout = gmm_ws.shared_layout
+  tiles = num_groups * geometry.cdiv(k, block) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      ffi.TensorDescriptor(lhs, (half, block), layout=layout((half, block), lhs.dtype.name)),
+      ffi.TensorDescriptor(rhs, (config.block_n, block), layout=layout((config.block_n, block), rhs.dtype.name)),
+      ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
+      ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
+      bounds,
+      kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
+      name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
+      OUT_LAYOUT=layout((half, block), out_dtype.name))
+
+
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g], scales per 128 rows
   of M (backend_xla.tgmm_fp8); empty groups are exact zeros."""
@@ -474,9 +494,13 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
                                 transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
-  # The kernel reads the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
+  # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
   lhs_scale = lhs_scale if transpose_lhs else lhs_scale.T
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
+  if (not transpose_lhs and transpose_rhs and config.warp_specialized and device.arch == "sm90" and device.tma
+      and geometry.tgmm_fp8_ws_ok(m, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n,
+                                  config.block_k, config.num_stages, config_table.shared_memory_limit(device.arch))):
+    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),

@@ -21,7 +21,8 @@ for lhs (K, M) (`quantize(lhs, "1x128")`); rhs_scale (cdiv(M, 128), N) for rhs (
 or (N, cdiv(M, 128)) for rhs (N, M) (transpose_rhs, `quantize(rhs, "1x128")`). Store both M-contiguous, lhs (K, M)
 and rhs (N, M): Hopper's FP8 wgmma reads K-major operands (the contracted M here), and the kernel transposes any
 other layout through registers, unpipelined (on an H100 at M = 32768, K = 7168, N = 4096, G = 32: 27.4 ms for
-lhs (M, K) with rhs (M, N), 6.5 ms for lhs (K, M) with rhs (N, M); docs/perf-notes.md).
+lhs (M, K) with rhs (M, N); 2.9 ms for lhs (K, M) with rhs (N, M), where a warp-specialised kernel runs;
+docs/perf-notes.md).
 
 Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There are no derivative rules: FP8
 operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.

@@ -238,20 +238,30 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(ptxs)
     self.assertEqual(ws_call.called, k % 16 == 0 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
 
-  @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False))
-  def test_tgmm(self, transpose_lhs, transpose_rhs):
-    """FP8 wgmma in every layout; in the M-contiguous one (lhs (K, M), rhs (N, M)) the operands come through
-    asynchronous copies, the software pipeline's (other layouts are transposed through registers)."""
+  @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False), m=(8192, 8200),
+                         warp_specialized=(True, False))
+  def test_tgmm(self, transpose_lhs, transpose_rhs, m, warp_specialized):
+    """FP8 wgmma in every layout. In the M-contiguous one (lhs (K, M), rhs (N, M)): the warp-specialised kernel
+    (TMA copies) where its rows of M bytes are 16-byte multiples; in the plain kernel the operands come through
+    asynchronous copies there, the software pipeline's (other layouts are transposed through registers)."""
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
-    m, k, n, g = 8192, 2048, 4096, 8
+    k, n, g, mb = 2048, 4096, 8, -(-m // 128)
+    config = dataclasses.replace(WS, num_stages=3, warp_specialized=warp_specialized)
     fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
-                                            out_dtype=jnp.bfloat16, config=None)
+                                            out_dtype=jnp.bfloat16, config=config)
+    m_contiguous = transpose_rhs and not transpose_lhs
+    ws = m_contiguous and warp_specialized and m % 16 == 0 and _jaxlib.supports_tma_descriptors(
+        _jaxlib.plugin("cuda"))
     _compile._cache.clear()  # The kernels of other layouts have the same signature: keep only this one's.
-    (ptx,) = self.ptx(fn, s((m, k) if transpose_lhs else (k, m), f8), s((n, m) if transpose_rhs else (m, n), f8),
-                      s((g + 1,), jnp.int32), s((64, k) if transpose_lhs else (k, 64), jnp.float32),
-                      s((n, 64) if transpose_rhs else (64, n), jnp.float32))
+    with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
+      (ptx,) = self.ptx(fn, s((m, k) if transpose_lhs else (k, m), f8), s((n, m) if transpose_rhs else (m, n), f8),
+                        s((g + 1,), jnp.int32), s((mb, k) if transpose_lhs else (k, mb), jnp.float32),
+                        s((n, mb) if transpose_rhs else (mb, n), jnp.float32), tma=ws)
     self.assert_fp8_wgmma([ptx])
-    if transpose_rhs and not transpose_lhs:
+    self.assertEqual(ws_call.called, ws)
+    if ws:
+      self.assertIn("cp.async.bulk.tensor.2d.shared::cluster.global", ptx)
+    elif m_contiguous and m % 16 == 0:  # Rows of M bytes not 16-byte aligned: no 16-byte copies.
       self.assertIn("cp.async.cg.shared.global", ptx)
 
   def test_rocm_format_on_cuda_says_what_to_do(self):
@@ -401,6 +411,30 @@ class GpuFp8Test(Fp8KernelTestBase):
                       sizes, transpose_rhs=True)
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[m - 10:], 0.0)
+
+  @parameterized.product(k=(64, 960, 1000), n=(104, 520), out_dtype=(jnp.float32, jnp.bfloat16))
+  def test_warp_specialized_tgmm(self, k, n, out_dtype):
+    """tgmm_fp8_ws_kernel (lhs (K, M), rhs (N, M)): groups of 0, 1, 127, 128, 129 rows and several inside one
+    128-row step (its columns of other groups zeroed in shared memory), rows after the last group holding NaN,
+    K tiles with one or two 64-row halves, N past the last column tile (128 wide for N = 104, 256 for 520, the
+    heuristic's)."""
+    m = 3008
+    sizes = np.array([0, 1, 127, 128, 129, 5, 3, 0, 700, self.rng.integers(1, 1000), 0], np.int32)
+    sizes[-1] = m - 40 - sizes.sum()
+    lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
+    rhs_mn, rhs_scale = self.quantized((m, n), "128x1")
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs_mn, rhs_scale, "128x1"),
+                          sizes, transpose_lhs=True)
+    after = jnp.arange(m)[:, None] >= m - 40
+    lhs_nan = jnp.where(after, jnp.nan, lhs_mk.astype(jnp.float32)).astype(lhs_mk.dtype)
+    fn = jax.jit(lambda *a: jgmm.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
+                                      preferred_element_type=out_dtype))
+    with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
+      out = np.asarray(self.poisoned(fn, lhs_nan.T, rhs_mn.T, jnp.asarray(sizes), lhs_scale.T, rhs_scale.T),
+                       np.float32)
+    self.assertTrue(ws_call.called)
+    self.assert_close(out, want, GPU_TOL if out_dtype == jnp.float32 else 1e-2)
+    np.testing.assert_array_equal(out[sizes == 0], 0.0)
 
   @parameterized.parameters((4096, 7168), (7168, 2048))
   def test_deepgemm_criterion_gmm(self, n, k):

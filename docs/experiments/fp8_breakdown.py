@@ -6,7 +6,8 @@ recipe: each piece of fp8_gmm's forward and backward timed alone (jitted, interl
 jgmm.bench, beside the bf16 products they replace and the whole fwd+bwd of both.
 hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernels (the
 warp-specialised one and the plain one), beside its bf16 kernel and the bf16 jnp.dot loop.
-tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under several configs, beside the bf16 tgmm.
+tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under the plain kernel and the warp-specialised one at 3 to 5
+stages and 128 x 256 tiles at 2 or 3, beside the bf16 tgmm.
 """
 import functools
 import sys
@@ -124,8 +125,14 @@ def tgmm_configs(name, m, k, n, g):
   op = lambda a, s, b, t, gs, config: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True,
                                                 config=config)
   tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
+  ws = Config(block_m=128, block_n=128, block_k=128, num_stages=4, warp_specialized=True)
+  configs = {"default": None, "plain 128x128x128 w8 s3": Config(block_m=128, block_n=128, block_k=128, num_warps=8,
+                                                                 num_stages=3),
+             **{f"ws s{s}": Config(**{**ws.__dict__, "num_stages": s}) for s in (3, 4, 5)},
+             **{f"ws 128x256 s{s}": Config(**{**ws.__dict__, "block_n": 256, "num_stages": s}) for s in (2, 3)}}
   _time_configs(f"tgmm fp8 {name} (M={m}, K={k}, N={n}, G={g})", op, (xt, xts, dt, dts, inp.group_sizes),
-                {"bf16 tgmm": (lambda: tgmm(inp.x, inp.dout, inp.group_sizes), timing.jax_sync)}, 2 * m * k * n)
+                {"bf16 tgmm": (lambda: tgmm(inp.x, inp.dout, inp.group_sizes), timing.jax_sync)}, 2 * m * k * n,
+                configs)
 
 
 if __name__ == "__main__":
