@@ -13,12 +13,13 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jgmm import backend_xla, config_table, ffi
+from jgmm import backend_xla, config_table, ffi, quantize
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_fp8_ws
 from jgmm.triton_kernels import gmm_ws
+from jgmm.triton_kernels import quantize as quantize_kernels
 from jgmm.triton_kernels import tgmm_fp8_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
 
@@ -508,3 +509,27 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
       TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None))
+
+
+def quantize_pair(x, *, recipe, dtype):
+  """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel), where the FP8 format has a Triton kernel
+  on this device (check_fp8_format); 1x128 blocks of a 3-D x, 128x128 blocks of a float32 x (the kernel's
+  docstring says why) and other recipes through backend_xla."""
+  dtype = jnp.dtype(dtype)
+  check_fp8_format(dtype, _device())
+  if (recipe not in ("1x128", "128x128") or (recipe == "1x128" and x.ndim != 2) or x.size == 0
+      or (recipe == "128x128" and x.dtype.itemsize != 2)):
+    return backend_xla.quantize_pair(x, recipe=recipe, dtype=dtype)
+  *batch, r, c = x.shape
+  g = batch[0] if batch else 1
+  block = quantize_kernels.BLOCK.value
+  rb, cb = geometry.cdiv(r, block), geometry.cdiv(c, block)
+  rowwise = recipe == "1x128"
+  out_shape = [jax.ShapeDtypeStruct(x.shape, dtype),
+               jax.ShapeDtypeStruct((r, cb) if rowwise else (*batch, rb, cb), jnp.float32),
+               jax.ShapeDtypeStruct((*batch, c, r), dtype),
+               jax.ShapeDtypeStruct((c, rb) if rowwise else (*batch, cb, rb), jnp.float32)]
+  return tuple(ffi.triton_call(
+      x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, g),
+      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair", R=r, C=c, FMAX=quantize.FP8_MAX[dtype],
+      ROWWISE=rowwise))

@@ -194,3 +194,13 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   rhs = rhs.T if transpose_rhs else rhs
   return tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
               config=config)
+
+
+def quantize_pair(x, *, recipe, dtype):
+  """(q, scale, qt, scale_t): x (R, C) or (G, R, C) quantised (jgmm.quantize) per recipe ("1x128" or "128x128") in
+  its own layout and transposed (the last two axes swapped). 128x128 blocks have the same scales either way: qt is
+  q's transposed copy; 1x128 blocks of the transpose run along x's rows."""
+  q, scale = quantize.quantize(x, recipe, dtype)
+  if recipe == "128x128":
+    return q, scale, jnp.swapaxes(q, -1, -2), jnp.swapaxes(scale, -1, -2)
+  return (q, scale, *quantize.quantize(jnp.swapaxes(x, -1, -2), recipe, dtype))

@@ -55,7 +55,16 @@ def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, trans
   return [jax.core.ShapedArray((bounds.shape[0] - 1, k, n), out_dtype)]
 
 
+def _quantize_pair_shapes(x, *, recipe, dtype):
+  *batch, r, c = x.shape
+  rb, cb = -(-r // 128), -(-c // 128)
+  scales = [(r, cb), (c, rb)] if recipe == "1x128" else [(*batch, rb, cb), (*batch, cb, rb)]
+  return [jax.core.ShapedArray(x.shape, dtype), jax.core.ShapedArray(scales[0], jnp.float32),
+          jax.core.ShapedArray((*batch, c, r), dtype), jax.core.ShapedArray(scales[1], jnp.float32)]
+
+
 _gmm_p = primitives._define("gmm_fp8", _gmm_shapes)
+_quantize_pair_p = primitives._define("quantize_pair", _quantize_pair_shapes)
 _masked_gmm_p = primitives._define("masked_gmm_fp8", _masked_gmm_shapes)
 _tgmm_p = primitives._define("tgmm_fp8", _tgmm_shapes)
 
@@ -105,9 +114,38 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
 class _RecipeStatic(NamedTuple):
   transpose_rhs: bool
   out_dtype: jnp.dtype
+  lhs_dtype: jnp.dtype
   fp8_dtype: jnp.dtype
   config: object
   backend: str | None
+
+
+def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend: str | None = None):
+  """x quantised (jgmm.quantize's math) in its own layout and transposed, in one pass over x on the GPU.
+
+  Args:
+    x: (R, C) with recipe "1x128", or (R, C) / (G, R, C) with "128x128"; bfloat16, float16 or float32.
+    recipe: "1x128": q (R, C) with scale (R, cdiv(C, 128)), and qt (C, R) with scale_t (C, cdiv(R, 128)) (1x128
+      blocks of x.T: x's columns per 128 rows). "128x128": q (..., R, C) with scale (..., RB, CB), and qt
+      (..., C, R) with scale_t (..., CB, RB), the same block scales transposed.
+    dtype: the FP8 format.
+    backend: None (Triton on a GPU, else the portable implementation), "triton" or "xla".
+
+  Returns:
+    (q, scale, qt, scale_t): what quantize(x) and quantize(x swapped) give, except that the GPU kernel multiplies
+    by the scale's reciprocal where quantize divides: an FP8 value may then differ by one step, where x / scale lies
+    within a float32 ulp of a rounding boundary (and XLA's own division on a GPU may differ from IEEE's by an ulp).
+  """
+  if recipe not in ("1x128", "128x128"):
+    raise ValueError(f"recipe must be '1x128' or '128x128', got {recipe!r}")
+  if x.ndim != 2 and not (recipe == "128x128" and x.ndim == 3):
+    raise ValueError(f"x must be (R, C){' or (G, R, C)' if recipe == '128x128' else ''} for recipe {recipe!r}, "
+                     f"got shape {x.shape}")
+  if jnp.dtype(x.dtype) not in map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)):
+    raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+  if jnp.dtype(dtype) not in quantize.FP8_DTYPES:
+    raise TypeError(f"dtype must be float8_e4m3fn or float8_e4m3fnuz, got {jnp.dtype(dtype)}")
+  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=jnp.dtype(dtype), backend=backend))
 
 
 def _weights(rhs, s):
@@ -116,48 +154,45 @@ def _weights(rhs, s):
   return quantize.quantize(rhs, "128x128", s.fp8_dtype)
 
 
-def _swapped(q, scale):
-  """The other layout of FP8 weights and their block scales: one transposed FP8 copy."""
-  return jnp.swapaxes(q, 1, 2), jnp.swapaxes(scale, 1, 2)
-
-
-def _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s):
-  """The FP8 product on weights quantised by _weights: its K-major (G, N, K) layout is what FP8 wgmma reads."""
-  lhs_q, lhs_scale = quantize.quantize(lhs, "1x128", s.fp8_dtype)
-  rhs_nk, rhs_nk_scale = (rhs_q, rhs_scale) if s.transpose_rhs else _swapped(rhs_q, rhs_scale)
+def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
   return gmm(lhs_q, rhs_nk, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_nk_scale, transpose_rhs=True,
-             preferred_element_type=s.out_dtype, group_offset=group_offset, config=s.config, backend=s.backend)
+             preferred_element_type=out_dtype, group_offset=group_offset, config=config, backend=s.backend)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _fp8_gmm(lhs, rhs, group_sizes, group_offset, s):
-  return _forward(lhs, *_weights(rhs, s), group_sizes, group_offset, s)
+  """The forward alone: lhs 1x128, weights 128x128 in their own layout and, where rhs is (G, K, N), one FP8
+  transposed copy into the K-major (G, N, K) that FP8 wgmma reads."""
+  rhs_q, rhs_scale = _weights(rhs, s)
+  if not s.transpose_rhs:
+    rhs_q, rhs_scale = jnp.swapaxes(rhs_q, 1, 2), jnp.swapaxes(rhs_scale, 1, 2)
+  return _gmm_t(*quantize.quantize(lhs, "1x128", s.fp8_dtype), rhs_q, rhs_scale, group_sizes, group_offset,
+                s.out_dtype, s, s.config)
 
 
 def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
-  rhs_q, rhs_scale = _weights(rhs, s)
-  out = _forward(lhs, rhs_q, rhs_scale, group_sizes, group_offset, s)
-  return out, (lhs, rhs_q, rhs_scale, group_sizes, group_offset)
+  """The forward for training: lhs and the weights each quantised in both layouts in one pass (quantize_pair); the
+  backward's layouts are the residuals (FP8 lhs^T (K, M) instead of lhs)."""
+  lhs_q, lhs_scale, lhs_t, lhs_t_scale = quantize_pair(lhs, "1x128", s.fp8_dtype, backend=s.backend)
+  rhs_q, rhs_scale, rhs_t, rhs_t_scale = quantize_pair(rhs, "128x128", s.fp8_dtype, backend=s.backend)
+  # (G, N, K) for this product (contracting K), (G, K, N) for dlhs (contracting N).
+  nk, kn = ((rhs_q, rhs_scale), (rhs_t, rhs_t_scale)) if s.transpose_rhs else ((rhs_t, rhs_t_scale), (rhs_q, rhs_scale))
+  out = _gmm_t(lhs_q, lhs_scale, *nk, group_sizes, group_offset, s.out_dtype, s, s.config)
+  return out, (lhs_t, lhs_t_scale, *kn, group_sizes, group_offset)
 
 
 def _fp8_gmm_bwd(s, residuals, dout):
-  lhs, rhs_q, rhs_scale, group_sizes, group_offset = residuals
-  common = dict(group_offset=group_offset, backend=s.backend)
-  # dlhs = dout @ rhs[g]^T: dout 1x128 along N; the forward's FP8 weights as (G, K, N), K-major for this product
-  # (contracting N), with the same 128x128 blocks.
-  dout_q, dout_scale = quantize.quantize(dout, "1x128", s.fp8_dtype)
-  rhs_kn, rhs_kn_scale = _swapped(rhs_q, rhs_scale) if s.transpose_rhs else (rhs_q, rhs_scale)
-  dlhs = gmm(dout_q, rhs_kn, group_sizes, lhs_scale=dout_scale, rhs_scale=rhs_kn_scale, transpose_rhs=True,
-             preferred_element_type=lhs.dtype, **common)
-  # drhs = lhs[rows]^T @ dout[rows] per group, contracting M: both quantised per 128 rows of M and laid out
-  # M-contiguous, lhs^T (K, M) and dout^T (N, M) (each one pass that transposes as it quantises), the K-major layout
-  # FP8 tgmm reads at speed.
-  lhs_t, lhs_t_scale = quantize.quantize(lhs.T, "1x128", s.fp8_dtype)
-  dout_t, dout_t_scale = quantize.quantize(dout.T, "1x128", s.fp8_dtype)
+  lhs_t, lhs_t_scale, rhs_kn, rhs_kn_scale, group_sizes, group_offset = residuals
+  # dout 1x128 along N for dlhs = dout @ rhs[g]^T, and dout^T (N, M) per 128 rows of M for drhs, in one pass.
+  dout_q, dout_scale, dout_t, dout_t_scale = quantize_pair(dout, "1x128", s.fp8_dtype, backend=s.backend)
+  dlhs = _gmm_t(dout_q, dout_scale, rhs_kn, rhs_kn_scale, group_sizes, group_offset, s.lhs_dtype, s)
+  # drhs = lhs[rows]^T @ dout[rows] per group, contracting M: lhs^T (K, M) and dout^T (N, M), M-contiguous, the
+  # K-major layout FP8 tgmm reads at speed.
   a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if s.transpose_rhs else
                             (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
   drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_rhs=True,
-              preferred_element_type=lhs.dtype, num_actual_groups=rhs_q.shape[0], **common)
+              preferred_element_type=s.lhs_dtype, group_offset=group_offset, num_actual_groups=rhs_kn.shape[0],
+              backend=s.backend)
   return dlhs, drhs, None, None
 
 
@@ -169,12 +204,13 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
             backend: str | None = None) -> jax.Array:
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
 
-  Forward: lhs quantised per 1x128 block, rhs per 128x128 block (in its own layout; the product reads it as
-  (G, N, K), one FP8 transposed copy where rhs is (G, K, N)), one FP8 gmm.
-  Backward: dout quantised per 1x128 block; dlhs = dout @ rhs[g]^T by an FP8 gmm on the forward's FP8 weights
-  read as (G, K, N) (the transposed copy where rhs is (G, N, K)); drhs by an FP8 tgmm of lhs^T (K, M) and dout^T
-  (N, M) quantised per 128 rows of M (jgmm.fp8's tgmm recipe, in its fast layout). The gradients are those of the
-  quantised products (a recipe, not the exact derivative of the FP8 forward).
+  Forward: lhs quantised per 1x128 block, rhs per 128x128 block, one FP8 gmm reading rhs as (G, N, K). Under
+  differentiation each is quantised in both layouts in one pass (quantize_pair): the residuals are lhs^T (K, M)
+  per 128 rows of M and the weights as (G, K, N), in FP8, instead of lhs and rhs.
+  Backward: dout quantised per 1x128 block and, transposed, per 128 rows of M, in one pass; dlhs = dout @ rhs[g]^T
+  by an FP8 gmm on the (G, K, N) weights; drhs by an FP8 tgmm of lhs^T (K, M) and dout^T (N, M) (jgmm.fp8's tgmm
+  recipe, in its fast layout). The gradients are those of the quantised products (a recipe, not the exact
+  derivative of the FP8 forward).
 
   Args:
     lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.
@@ -195,6 +231,6 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
   fp8_dtype = jnp.dtype(fp8_dtype)
   if fp8_dtype not in validation.FP8_DTYPES:
     raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")
-  s = _RecipeStatic(transpose_rhs, out_dtype, fp8_dtype, config, backend)
+  s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend)
   offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
   return _fp8_gmm(lhs, rhs, group_sizes, offset, s)

@@ -3,7 +3,8 @@
     python docs/experiments/fp8_breakdown.py [recipe] [hetero] [tgmm]
 
 recipe: each piece of fp8_gmm's forward and backward timed alone (jitted, interleaved) on the dsv3 cases of
-jgmm.bench, beside the bf16 products they replace and the whole fwd+bwd of both.
+jgmm.bench (the quantisations as XLA passes and as quantize_pair's one pass), beside the bf16 products they replace
+and the whole fwd+bwd of both.
 hetero: bench_hetero's prefill16-fp8 case under several configs of the heterogeneous FP8 kernels (the
 warp-specialised one and the plain one), beside its bf16 kernel and the bf16 jnp.dot loop.
 tgmm: the recipe's FP8 tgmm (lhs^T (K, M), dout^T (N, M)) under the plain kernel and the warp-specialised one at 3 to 5
@@ -44,6 +45,7 @@ def recipe(name, m, k, n, g):
   gmm_t = jax.jit(lambda a, b, gs: jgmm.gmm(a, b, gs, transpose_rhs=True))
   tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
   wt_copy = jax.jit(lambda b: jnp.swapaxes(b, 1, 2) + 0)
+  pair_rows, pair_blocks = (jax.jit(lambda a, r=r: jgmm.quantize_pair(a, r)) for r in ("1x128", "128x128"))
   fb = lambda fn: jax.jit(jax.value_and_grad(lambda x, w, gs, d: bench._loss(fn(x, w, gs), d), argnums=(0, 1)))
   fp8_fb, bf16_fb = fb(jgmm.fp8_gmm), fb(jgmm.gmm)
   s = timing.jax_sync
@@ -57,6 +59,9 @@ def recipe(name, m, k, n, g):
       "q x^T (K,M) 1x128": (lambda: q_rows_t(x), s),
       "q dout^T (N,M) 1x128": (lambda: q_rows_t(dout), s),
       "wq transposed copy": (lambda: wt_copy(wq), s),
+      "quantize_pair x 1x128": (lambda: pair_rows(x), s),
+      "quantize_pair dout 1x128": (lambda: pair_rows(dout), s),
+      "quantize_pair w 128x128": (lambda: pair_blocks(w), s),
       "fwd gmm_t fp8": (lambda: gmm_fp8(xq, xs, wq, ws, gs), s),
       "dlhs gmm fp8 (+swapaxes)": (lambda: dlhs_fp8(dq, ds, wq, ws, gs), s),
       "drhs tgmm fp8 (M,K)x(M,N)": (lambda: tgmm_fp8(xt, xts, dt, dts, gs), s),

@@ -1,0 +1,159 @@
+"""jgmm.quantize_pair: an operand and its transpose quantised in one pass (triton_kernels/quantize.py).
+
+Portable backend: equal to jgmm.quantize of x and of x swapped. The kernel, against a numpy oracle of its math
+(scale = amax / FMAX, q = x * (1 / scale), float32, IEEE): on the CPU under Triton's interpreter with float32
+outputs standing in for FP8 (the interpreter's FP8 casts are not trusted), bit for bit; on the GPU in FP8 (the
+oracle rounded by ml_dtypes), bit for bit, and within one FP8 step of the portable backend (which divides).
+Cross-lowering: the default on CUDA is the kernel.
+"""
+import os
+import secrets
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+import jgmm
+from jgmm import backend_xla, ffi, quantize
+from jgmm.ffi import _compile
+from jgmm.triton_kernels import quantize as quantize_kernels
+
+ON_GPU = any(d.platform == "gpu" for d in jax.devices())
+CASES = (dict(shape=(300, 260), recipe="1x128"), dict(shape=(130, 7), recipe="1x128"),
+         dict(shape=(3, 130, 257), recipe="128x128"), dict(shape=(128, 256), recipe="128x128"))
+
+
+def kernel_oracle(x, recipe, fmax):
+  """quantize_pair_kernel's (q, scale, qt, scale_t) in numpy float32, q and qt not yet rounded to FP8."""
+  x = np.asarray(x, np.float32)
+  x3 = x.reshape((-1, *x.shape[-2:]))
+  g, r, c = x3.shape
+  rb, cb = -(-r // 128), -(-c // 128)
+  blocks = np.pad(x3, ((0, 0), (0, rb * 128 - r), (0, cb * 128 - c))).reshape(g, rb, 128, cb, 128)
+  as_scale = lambda amax: np.where(amax == 0, np.float32(1), amax / np.float32(fmax)).astype(np.float32)
+  per_element = lambda s: np.broadcast_to(s, blocks.shape).reshape(g, rb * 128, cb * 128)[:, :r, :c]
+  if recipe == "1x128":
+    scale = as_scale(np.abs(blocks).max(axis=4, keepdims=True))  # Per row per 128 columns.
+    scale_t = as_scale(np.abs(blocks).max(axis=2, keepdims=True))  # Per column per 128 rows.
+    out_scale = scale[..., 0].reshape(g, rb * 128, cb)[:, :r]
+    out_scale_t = scale_t[:, :, 0].transpose(0, 2, 3, 1).reshape(g, cb * 128, rb)[:, :c]
+  else:
+    scale = scale_t = as_scale(np.abs(blocks).max(axis=(2, 4), keepdims=True))
+    out_scale = scale[:, :, 0, :, 0]
+    out_scale_t = out_scale.transpose(0, 2, 1)
+  quantized = lambda s: np.clip(x3 * (np.float32(1) / per_element(s)), -fmax, fmax)
+  reshape = lambda a, shape: a.reshape(shape) if x.ndim == 3 else a[0]
+  return (reshape(quantized(scale), x.shape), reshape(out_scale, out_scale.shape),
+          reshape(quantized(scale_t).transpose(0, 2, 1), (*x.shape[:-2], c, r)), reshape(out_scale_t, out_scale_t.shape))
+
+
+class QuantizePairTestBase(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.seed = secrets.randbits(32)
+    self.rng = np.random.default_rng(self.seed)
+
+  def operand(self, shape, dtype=jnp.bfloat16):
+    """Rows of different magnitudes, the first five all zero (scale 1)."""
+    x = self.rng.standard_normal(shape) * np.exp(self.rng.uniform(-3, 3, shape[:-1] + (1,)))
+    x[..., :5, :] = 0.0
+    return jnp.asarray(x, dtype)
+
+
+class PortableTest(QuantizePairTestBase):
+
+  @parameterized.product(CASES, dtype=(jnp.float8_e4m3fn, jnp.float8_e4m3fnuz))
+  def test_matches_quantize(self, shape, recipe, dtype):
+    x = self.operand(shape)
+    q, scale, qt, scale_t = jgmm.quantize_pair(x, recipe, dtype, backend="xla")
+    want_q, want_scale = quantize.quantize(x, recipe, dtype)
+    want_qt, want_scale_t = quantize.quantize(jnp.swapaxes(x, -1, -2), recipe, dtype)
+    for got, want in ((q, want_q), (scale, want_scale), (qt, want_qt), (scale_t, want_scale_t)):
+      self.assertEqual((got.shape, got.dtype), (want.shape, want.dtype))
+      np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+  @parameterized.named_parameters(
+      ("recipe", dict(recipe="128x1"), ValueError, r"recipe must be '1x128' or '128x128', got '128x1'"),
+      ("rank_1x128", dict(x=jnp.zeros((2, 3, 4))), ValueError, r"x must be \(R, C\) for recipe '1x128', got shape"),
+      ("rank_128x128", dict(x=jnp.zeros((5,)), recipe="128x128"), ValueError,
+       r"x must be \(R, C\) or \(G, R, C\) for recipe '128x128', got shape \(5,\)"),
+      ("x_dtype", dict(x=jnp.zeros((4, 4), jnp.int32)), TypeError, r"x must be bfloat16, float16 or float32, got int32"),
+      ("dtype", dict(dtype=jnp.bfloat16), TypeError, r"dtype must be float8_e4m3fn or float8_e4m3fnuz, got bfloat16"))
+  def test_bad_input(self, changes, error, message):
+    args = dict(x=jnp.zeros((4, 4), jnp.bfloat16), recipe="1x128", dtype=jnp.float8_e4m3fn) | changes
+    with self.assertRaisesRegex(error, message):
+      jgmm.quantize_pair(args["x"], args["recipe"], args["dtype"])
+
+
+@absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
+class InterpretedTest(QuantizePairTestBase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
+    os.environ.pop("JGMM_TARGET", None)
+
+  @parameterized.parameters(*CASES)
+  def test_kernel(self, shape, recipe):
+    """Every element and scale of both layouts, partial blocks at both edges, all-zero rows."""
+    x = self.operand(shape)
+    g, r, c = (1, *shape) if len(shape) == 2 else shape
+    rb, cb = -(-r // 128), -(-c // 128)
+    rowwise = recipe == "1x128"
+    out_shape = [jax.ShapeDtypeStruct(shape, jnp.float32),
+                 jax.ShapeDtypeStruct((r, cb) if rowwise else (*shape[:-2], rb, cb), jnp.float32),
+                 jax.ShapeDtypeStruct((*shape[:-2], c, r), jnp.float32),
+                 jax.ShapeDtypeStruct((c, rb) if rowwise else (*shape[:-2], cb, rb), jnp.float32)]
+    got = jax.jit(lambda x: ffi.triton_call(
+        x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, g),
+        num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, FMAX=448.0, ROWWISE=rowwise))(x)
+    for a, b, what in zip(got, kernel_oracle(x, recipe, 448.0), ("q", "scale", "qt", "scale_t")):
+      np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
+
+
+class CrossLoweringTest(parameterized.TestCase):
+
+  @parameterized.product(CASES, dtype=(jnp.bfloat16, jnp.float16, jnp.float32))
+  def test_default_on_cuda(self, shape, recipe, dtype):
+    """The kernel, except for float32 x with 128x128 blocks (XLA's passes: triton_kernels/quantize.py says why)."""
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      text = jax.jit(lambda x: jgmm.quantize_pair(x, recipe)).trace(
+          jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",)).as_text()
+    kernel = recipe == "1x128" or dtype != jnp.float32
+    self.assertEqual("triton_kernel_call" in text, kernel)
+    self.assertEqual([c.args[0].__name__ for c in compile_kernel.call_args_list],
+                     ["quantize_pair_kernel"] if kernel else [])
+
+
+@absltest.skipIf(not ON_GPU, "needs a GPU")
+class GpuTest(QuantizePairTestBase):
+
+  @parameterized.parameters(*[  # Where the kernel runs (test_default_on_cuda).
+      dict(case, dtype=dtype)
+      for case in (*CASES, dict(shape=(4096, 7168), recipe="1x128"), dict(shape=(4, 2048, 896), recipe="128x128"))
+      for dtype in (jnp.bfloat16, jnp.float16, jnp.float32) if case["recipe"] == "1x128" or dtype != jnp.float32])
+  def test_kernel(self, shape, recipe, dtype):
+    x = self.operand(shape, dtype)
+    got = jax.jit(lambda x: jgmm.quantize_pair(x, recipe, backend="triton"))(x)
+    portable = backend_xla.quantize_pair(x, recipe=recipe, dtype=jnp.float8_e4m3fn)
+    oracle = kernel_oracle(x, recipe, 448.0)
+    for k, (a, want, near, what) in enumerate(zip(got, oracle, portable, ("q", "scale", "qt", "scale_t"))):
+      self.assertEqual((a.shape, a.dtype), (near.shape, near.dtype), what)
+      a = np.asarray(a, np.float32)
+      want = np.asarray(np.asarray(want).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else want
+      np.testing.assert_array_equal(a, want, err_msg=f"{what} against the oracle, seed {self.seed}")
+      # The portable backend: scales within a float32 ulp (XLA's division on the GPU), FP8 values within one step
+      # (3 mantissa bits) where they differ at all.
+      near = np.asarray(near, np.float32)
+      np.testing.assert_allclose(a, near, rtol=2**-3 if k % 2 == 0 else 2**-22, atol=2**-9 if k % 2 == 0 else 0,
+                                 err_msg=f"{what} against the portable backend, seed {self.seed}")
+      if k % 2 == 0:
+        self.assertLess(np.mean(a != near), 0.01, f"{what}: too many differ from the portable backend")
+
+
+if __name__ == "__main__":
+  absltest.main()
