@@ -374,16 +374,17 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
-  lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (block, block), (gmm_ws.HALF.value, block)
+  lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, block)),),
+      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG, name="jgmm_gmm_fp8_ws",
-      K=k, N=n, R_MAX=row_tiles, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3,
+      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
+      RHS_BLOCKS=rhs_scale.ndim == 3,
       OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
 
 

@@ -24,8 +24,8 @@ class Config:
     bias, activation or existing_out, block_m 128, K a multiple of block_k unless rhs is transposed. num_stages
     is its ring of shared-memory stages; num_warps and programs_per_sm do not apply. Elsewhere gmm_kernel runs
     with this config. FP8 gmm with K-major rhs (transpose_rhs) and FP8 masked_gmm: the warp-specialised FP8
-    kernel (triton_kernels/gmm_fp8_ws.py) where block_m, block_n and block_k are 128, K a multiple of 16 and the
-    output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8 tgmm with lhs (K, M) and rhs (N, M):
+    kernel (triton_kernels/gmm_fp8_ws.py) where block_m and block_k are 128, block_n 128 or 256, K a multiple of
+    16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8 tgmm with lhs (K, M) and rhs (N, M):
     the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128 or 256) where M is a multiple of
     16, K and N of 4 and the output's rows 16-byte multiples.
   """

@@ -1,5 +1,5 @@
 """A/B: FP8 v1 (gmm_fp8.py's persistent kernels, FP8 v1's default configs) against the warp-specialised FP8 kernel
-(gmm_fp8_ws.py, Config.warp_specialized) with S stages, on `python -m jgmm.bench --fp8`'s masked and contiguous
+(gmm_fp8_ws.py, Config.warp_specialized) with S stages and 128- or 256-wide tiles, on `python -m jgmm.bench --fp8`'s masked and contiguous
 (K-major rhs) cases, DeepSeek-V3 blocks (1x128 / 128x128) and rowwise scales, timed interleaved; TFLOP/s on the
 valid rows. Each variant's output is compared with v1's (DeepGEMM's 1 - 2 sum(xy) / sum(x^2 + y^2)).
     python docs/experiments/fp8_ws_ab.py [name,...]   (names as bench_fp8's, e.g. masked-1x1024-4096-7168)"""
@@ -15,8 +15,9 @@ from jgmm.config import Config
 
 V1 = {False: Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False),
       True: Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False)}  # rows <= 64
-WS = {f"ws_s{s}": Config(block_m=128, block_n=128, block_k=128, num_stages=s, warp_specialized=True)
-      for s in (4, 5)}
+WS = {**{f"ws_s{s}": Config(block_m=128, block_n=128, block_k=128, num_stages=s, warp_specialized=True)
+         for s in (4, 5)},
+      "ws_256_s3": Config(block_m=128, block_n=256, block_k=128, num_stages=3, warp_specialized=True)}
 RECIPES = {"blocks": ("1x128", "128x128"), "rowwise": ("row", "row")}
 
 wanted = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None
