@@ -16,5 +16,5 @@ from jgmm.fp8 import fp8_gmm, quantize_pair
 from jgmm.grouped_matmul import grouped_matmul
 from jgmm.ops import gmm, masked_gmm, ragged_dot, tgmm
 
-__all__ = ["__version__", "Config", "fp8_gmm", "gmm", "grouped_matmul", "masked_gmm", "moe", "quantize", "quantize_pair",
-           "ragged_dot", "tgmm"]
+__all__ = ["__version__", "Config", "fp8_gmm", "gmm", "grouped_matmul", "masked_gmm", "moe", "quantize",
+           "quantize_pair", "ragged_dot", "tgmm"]

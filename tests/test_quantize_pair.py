@@ -46,7 +46,8 @@ def kernel_oracle(x, recipe, fmax):
   quantized = lambda s: np.clip(x3 * (np.float32(1) / per_element(s)), -fmax, fmax)
   reshape = lambda a, shape: a.reshape(shape) if x.ndim == 3 else a[0]
   return (reshape(quantized(scale), x.shape), reshape(out_scale, out_scale.shape),
-          reshape(quantized(scale_t).transpose(0, 2, 1), (*x.shape[:-2], c, r)), reshape(out_scale_t, out_scale_t.shape))
+          reshape(quantized(scale_t).transpose(0, 2, 1), (*x.shape[:-2], c, r)),
+          reshape(out_scale_t, out_scale_t.shape))
 
 
 class QuantizePairTestBase(parameterized.TestCase):
@@ -80,7 +81,8 @@ class PortableTest(QuantizePairTestBase):
       ("rank_1x128", dict(x=jnp.zeros((2, 3, 4))), ValueError, r"x must be \(R, C\) for recipe '1x128', got shape"),
       ("rank_128x128", dict(x=jnp.zeros((5,)), recipe="128x128"), ValueError,
        r"x must be \(R, C\) or \(G, R, C\) for recipe '128x128', got shape \(5,\)"),
-      ("x_dtype", dict(x=jnp.zeros((4, 4), jnp.int32)), TypeError, r"x must be bfloat16, float16 or float32, got int32"),
+      ("x_dtype", dict(x=jnp.zeros((4, 4), jnp.int32)), TypeError,
+       r"x must be bfloat16, float16 or float32, got int32"),
       ("dtype", dict(dtype=jnp.bfloat16), TypeError, r"dtype must be float8_e4m3fn or float8_e4m3fnuz, got bfloat16"))
   def test_bad_input(self, changes, error, message):
     args = dict(x=jnp.zeros((4, 4), jnp.bfloat16), recipe="1x128", dtype=jnp.float8_e4m3fn) | changes

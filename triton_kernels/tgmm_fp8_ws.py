@@ -12,9 +12,10 @@ rows [64 H, 64 H + 64) of the tile, reduce the 128-row steps of M that hold rows
 steps [start // 128, cdiv(end, 128)). Per step and 128 columns, the wgmmas start from zero and a float32
 accumulator takes the product times sa[:, None] * sb[None, :] after the wait (promotion, as in gmm_fp8_ws); a
 256-wide tile does its two column halves one after the other (two float32 accumulators and one product fit the
-registers; two products would not), so each step reads the lhs tile once for 256 columns. A group's first and last steps also hold rows of other groups (or
-rows of none): before its wgmma, each consumer zeroes those columns of its own lhs half in shared memory (the loader
-copies all 128 rows of a step; TMA reads zeros past M). A tile of an empty group stores zeros without loading.
+registers; two products would not), so each step reads the lhs tile once for 256 columns. A group's first and
+last steps also hold rows of other groups (or rows of none): before its wgmma, each consumer zeroes those columns
+of its own lhs half in shared memory (the loader copies all 128 rows of a step; TMA reads zeros past M). A tile of
+an empty group stores zeros without loading.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -95,8 +96,9 @@ def _add_scaled(acc, a, b, sa, sb_buf):
 
 
 @gluon.jit
-def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr,
+              K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+              H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
