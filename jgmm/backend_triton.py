@@ -360,12 +360,13 @@ def _fp8_descriptors(lhs_rows, rhs, rhs_nk, config, device, out_dtype):
   return (use_tma, *_descriptors(use_tma, lhs_rows, (config.block_m, config.block_k), rhs, rhs.shape, rhs_block))
 
 
-def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype):
-  """Whether an FP8 op with K-major rhs runs gmm_fp8_ws_kernel (config.warp_specialized, on sm_90; float8_e4m3fn,
-  as check_fp8_format leaves on CUDA)."""
+def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.gmm_fp8_ws_ok):
+  """Whether an FP8 op runs a warp-specialised kernel (config.warp_specialized, on sm_90; float8_e4m3fn, as
+  check_fp8_format leaves on CUDA) whose shapes and tiling `fits` admits: gmm_fp8_ws_kernel (K-major rhs) by
+  default, tgmm_fp8_ws_kernel with geometry.tgmm_fp8_ws_ok (rows: M)."""
   return (config.warp_specialized and device.arch == "sm90" and device.tma
-          and geometry.gmm_fp8_ws_ok(rows, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n,
-                                     config.block_k, config.num_stages, config_table.shared_memory_limit(device.arch)))
+          and fits(rows, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n, config.block_k,
+                   config.num_stages, config_table.shared_memory_limit(device.arch)))
 
 
 def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device):
@@ -499,9 +500,8 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
   lhs_scale = lhs_scale if transpose_lhs else lhs_scale.T
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
-  if (not transpose_lhs and transpose_rhs and config.warp_specialized and device.arch == "sm90" and device.tma
-      and geometry.tgmm_fp8_ws_ok(m, k, n, num_groups, out_dtype.itemsize, config.block_m, config.block_n,
-                                  config.block_k, config.num_stages, config_table.shared_memory_limit(device.arch))):
+  if not transpose_lhs and transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype,
+                                                        fits=geometry.tgmm_fp8_ws_ok):
     return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
@@ -514,12 +514,11 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
 
 def quantize_pair(x, *, recipe, dtype):
   """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel), where the FP8 format has a Triton kernel
-  on this device (check_fp8_format); 1x128 blocks of a 3-D x, 128x128 blocks of a float32 x (the kernel's
-  docstring says why) and other recipes through backend_xla."""
+  on this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (the kernel's docstring says
+  why) through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
   dtype = jnp.dtype(dtype)
   check_fp8_format(dtype, _device())
-  if (recipe not in ("1x128", "128x128") or (recipe == "1x128" and x.ndim != 2) or x.size == 0
-      or (recipe == "128x128" and x.dtype.itemsize != 2)):
+  if x.size == 0 or (recipe == "128x128" and x.dtype.itemsize != 2):
     return backend_xla.quantize_pair(x, recipe=recipe, dtype=dtype)
   *batch, r, c = x.shape
   g = batch[0] if batch else 1

@@ -77,7 +77,6 @@ def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, 
           and num_stages * (128 + block_n) * 128 + 2 * 64 * 128 * out_itemsize <= shared_memory)
 
 
-
 def tgmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, num_stages, shared_memory):
   """Whether tgmm_fp8_ws_kernel (lhs (K, M), rhs (N, M) FP8) runs this shape and tiling: tiles of 128 x block_n
   (128 or 256) x 128, TMA row strides of 16 bytes (operand rows of M FP8 bytes, float32 scale rows of K and N,
