@@ -20,6 +20,11 @@ from jgmm import backend_xla, ffi, quantize
 from jgmm.ffi import _compile
 from jgmm.triton_kernels import quantize as quantize_kernels
 
+try:
+  shard_map = jax.shard_map
+except AttributeError:  # jax without the top-level alias.
+  from jax.experimental.shard_map import shard_map
+
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 CASES = (dict(shape=(300, 260), recipe="1x128"), dict(shape=(130, 7), recipe="1x128"),
          dict(shape=(3, 130, 257), recipe="128x128"), dict(shape=(128, 256), recipe="128x128"))
@@ -75,6 +80,25 @@ class PortableTest(QuantizePairTestBase):
     for got, want in ((q, want_q), (scale, want_scale), (qt, want_qt), (scale_t, want_scale_t)):
       self.assertEqual((got.shape, got.dtype), (want.shape, want.dtype))
       np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+  def test_transforms(self):
+    """vmap over a batch, shard_map over row blocks of 128 (each shard's quantisation is the global one's rows and
+    columns), and jit on inputs sharded over a jax.make_mesh mesh."""
+    P = jax.sharding.PartitionSpec
+    want = lambda x: backend_xla.quantize_pair(x, recipe="1x128", dtype=jnp.float8_e4m3fn)
+    assert_equal = lambda got, expected: [np.testing.assert_array_equal(np.asarray(a, np.float32),
+                                                                        np.asarray(b, np.float32))
+                                          for a, b in zip(got, expected, strict=True)]
+    batch = self.operand((3, 130, 70))
+    got = jax.jit(jax.vmap(lambda x: jgmm.quantize_pair(x, "1x128")))(batch)
+    assert_equal(got, [jnp.stack(parts) for parts in zip(*map(want, batch))])
+    x = self.operand((8 * 128, 200))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("e",))
+    sharded = shard_map(lambda x: jgmm.quantize_pair(x, "1x128"), mesh=mesh, in_specs=P("e"),
+                        out_specs=(P("e"), P("e"), P(None, "e"), P(None, "e")))
+    assert_equal(jax.jit(sharded)(x), want(x))
+    x_sharded = jax.device_put(x, jax.sharding.NamedSharding(jax.make_mesh((8,), ("e",)), P("e")))
+    assert_equal(jax.jit(lambda x: jgmm.quantize_pair(x, "1x128"))(x_sharded), want(x))
 
   @parameterized.named_parameters(
       ("recipe", dict(recipe="128x1"), ValueError, r"recipe must be '1x128' or '128x128', got '128x1'"),
