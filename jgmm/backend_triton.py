@@ -376,10 +376,6 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
-  lhs_blocks = lhs_scale.ndim == 2
-  if lhs_blocks:  # A K block's scales as one row of (KB, M padded to 16-byte rows), read by TMA.
-    lhs_scale = ffi.TensorDescriptor(jnp.pad(lhs_scale.T, ((0, 0), (0, -m % 4))), (1, block),
-                                     layout=gmm_fp8_ws.SCALE_LAYOUT)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
@@ -388,8 +384,8 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG, name="jgmm_gmm_fp8_ws",
-      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages,
-      LHS_BLOCKS=lhs_blocks, RHS_BLOCKS=rhs_scale.ndim == 3,
+      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
+      RHS_BLOCKS=rhs_scale.ndim == 3,
       OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
 
 
@@ -476,8 +472,8 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, devi
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, (half, block), layout=layout((half, block), lhs.dtype.name)),
       ffi.TensorDescriptor(rhs, (config.block_n, block), layout=layout((config.block_n, block), rhs.dtype.name)),
-      ffi.TensorDescriptor(lhs_scale, (1, block), layout=gmm_fp8_ws.SCALE_LAYOUT),
-      ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=gmm_fp8_ws.SCALE_LAYOUT),
+      ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
+      ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       bounds,
       kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,

@@ -54,16 +54,11 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr):
 
 @gluon.jit
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
-           R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-           TRANSPOSE_RHS: gl.constexpr, SCALES: gl.constexpr = False, sa_desc=None, sa_bufs=None):
-  """The loader warp. With SCALES, each stage also gets the step's scales of the tile's 128 rows in sa_bufs, from
-  sa_desc (over lhs scales stored (K / BLOCK_K, M), box (1, 128))."""
+            R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+            TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  if not SCALES:  # One lhs half, the rhs tile (and the scales).
-    half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes
-  else:
-    half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
@@ -80,8 +75,6 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
           _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot), b_bufs.index(slot))
         else:
           _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot), b_bufs.index(slot))
-        if SCALES:
-          _tma_load(sa_desc, [kk, row0], ready.index(slot), sa_bufs.index(slot))
         step += 1
 
 

@@ -105,8 +105,8 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
       sb_ptr = _select(rhs_scale_ptrs, p, P) + cols
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, None, sb_ptr, row_mask,
-                            True, S, LHS_BLOCKS, RHS_BLOCKS, H, False)
+      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S, LHS_BLOCKS,
+                         RHS_BLOCKS, H)
       acc = row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, cols < n, LHS_BLOCKS, RHS_BLOCKS)
       out_ptr = _select(out_ptrs, p, P)
       tma.store_wait(pendings=0)  # This consumer's previous store has read c_buf and its descriptor.
