@@ -41,10 +41,12 @@ def _row_scale(sa_ptr, kb, row_mask, LHS_BLOCKS: gl.constexpr, ROWS: gl.constexp
 
 
 @gluon.jit
-def _add_product(acc, a, b, scale, sb_ptr, kb, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+def _add_product(acc, a, b, after, scale, sb_ptr, kb, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
   """acc + a @ b, the wgmmas from zero (promotion), scaled per row by scale (the lhs block scales) and by the rhs
-  block scale at sb_ptr + kb (loaded while the wgmmas run) where the recipe has them."""
-  product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+  block scale at sb_ptr + kb (loaded while the wgmmas run) where the recipe has them. The wgmma nominally reads
+  `after` (use_acc=False ignores its value): given the accumulator updated last, LLVM keeps that update before
+  these wgmmas instead of sinking it past them (two products live at once: 736 bytes of spills at 128 x 256)."""
+  product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
   if RHS_BLOCKS:
     scale = scale * gl.load(sb_ptr + kb)
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
@@ -63,7 +65,7 @@ def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_pt
     slot = (step + kk) % S
     scale = _row_scale(sa_ptr, kk, row_mask, LHS_BLOCKS, ROWS)
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    acc = _add_product(acc, a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), scale, sb_ptr, kk,
+    acc = _add_product(acc, a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, scale, sb_ptr, kk,
                        LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc
@@ -118,10 +120,11 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
           mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
           a = a_bufs.index(2 * slot + H)
           b = b_bufs.index(slot)
-          acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), scale, sb_ptr, kk, LHS_BLOCKS, RHS_BLOCKS)
+          acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, scale, sb_ptr, kk, LHS_BLOCKS,
+                             RHS_BLOCKS)
           if right:
-            acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), scale, sb_ptr + k_steps,
-                                     kk, LHS_BLOCKS, RHS_BLOCKS)
+            acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, scale,
+                                     sb_ptr + k_steps, kk, LHS_BLOCKS, RHS_BLOCKS)
           mbarrier.arrive(empty.index(slot))
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
