@@ -1,0 +1,85 @@
+"""Where gmm_fp8_ws_kernel's time goes (issue 15): its 128- and 256-wide tiles, block and rowwise scales, stages.
+
+python docs/experiments/fp8_profile.py time  -- interleaved TFLOP/s of each variant on each case (valid rows), with
+                                               each output checked against the first variant's (DeepGEMM's diff)
+python docs/experiments/fp8_profile.py ncu   -- each (case, variant) once more after a warm-up, between
+                                               cudaProfilerStart/Stop, for `ncu --profile-from-start off`
+                                               (docs/experiments/fp8_profile.sh), in the order printed
+"""
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jgmm
+from jgmm import bench_fp8, oracle, quantize, timing
+from jgmm.config import Config
+
+CASES = [("contiguous", 4, 8192, 4096, 7168), ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168)]
+VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages)
+    "blocks_128_s4": ("1x128", "128x128", 128, 4), "blocks_256_s3": ("1x128", "128x128", 256, 3),
+    "blocks_256_s4": ("1x128", "128x128", 256, 4), "rows_128_s4": ("row", "row", 128, 4),
+    "rows_256_s3": ("row", "row", 256, 3), "rows_256_s4": ("row", "row", 256, 4)}
+
+
+def case_fns(layout, g, rows, n, k):
+  """({variant: fn}, valid rows) of one case: each fn the public op on inputs quantised for its recipe."""
+  k1, k2 = jax.random.split(jax.random.key(0))
+  w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
+  if layout == "masked":
+    max_m = bench_fp8._round_up(int(1.3 * rows) + 1, 128)
+    x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
+    groups = jnp.asarray(bench_fp8._masked_m(g, rows))
+    op = lambda xq, wq, gs, xs, ws, c: jgmm.masked_gmm(xq, wq, gs, x_scale=xs, w_scale=ws, expected_m=rows, config=c)
+  else:
+    x = jax.random.normal(k1, (g * rows, k), jnp.bfloat16)
+    groups = jnp.full((g,), rows, jnp.int32)
+    op = lambda xq, wq, gs, xs, ws, c: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=c)
+  fns = {}
+  for name, (xr, wr, block_n, stages) in VARIANTS.items():
+    (xq, xs), (wq, ws) = quantize.quantize(x, xr), quantize.quantize(w, wr)
+    config = Config(block_m=128, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
+    fns[name] = functools.partial(jax.jit(functools.partial(op, c=config)), xq, wq, groups, xs, ws)
+  return fns, int(groups.sum())
+
+
+if __name__ == "__main__":
+  print(jax.devices()[0].device_kind, flush=True)
+  if sys.argv[1] == "time":
+    table = []
+    for case in CASES:
+      fns, valid = case_fns(*case)
+      outs = {}
+      for name, f in fns.items():
+        try:
+          outs[name] = np.asarray(f(), np.float32)
+        except Exception as e:  # noqa: BLE001 - a variant that fails is reported and left out
+          print(f"{case} {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+      ref = outs[next(iter(outs))]
+      print(case, {name: f"{oracle.deepgemm_diff(out, ref):.1e}" for name, out in outs.items()}, flush=True)
+      ms = timing.time_interleaved({name: (fns[name], timing.jax_sync) for name in outs}, min_batch_s=0.03,
+                                   batches=7)
+      _, _, _, n, k = case
+      table.append((case, {name: 2 * valid * n * k / t / 1e9 for name, t in ms.items()}))
+      print(case, {name: round(v) for name, v in table[-1][1].items()}, flush=True)
+    print("\n| case | " + " | ".join(VARIANTS) + " |\n|---|" + "---|" * len(VARIANTS))
+    for case, tflops in table:
+      print(f"| {case[0]} {case[1]}x{case[2]} ({case[3]}, {case[4]}) | "
+            + " | ".join(f"{tflops[v]:.0f}" if v in tflops else "-" for v in VARIANTS) + " |")
+  else:
+    wanted = sys.argv[2].split(",") if len(sys.argv) > 2 else list(VARIANTS)
+    runs = []
+    for case in CASES:
+      fns, _ = case_fns(*case)
+      runs += [(case, name, fns[name]) for name in wanted]
+    for _, _, f in runs:
+      timing.jax_sync(f())
+    import torch  # Its runtime's profiler switch covers the whole process.
+    torch.cuda.cudart().cudaProfilerStart()
+    for case, name, f in runs:
+      timing.jax_sync(f())
+    torch.cuda.cudart().cudaProfilerStop()
+    for i, (case, name, _) in enumerate(runs):
+      print(f"profiled {i}: {case} {name}")
