@@ -407,8 +407,8 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   out_dtype = jnp.dtype(out_dtype)
-  if m == 0:
-    return jnp.zeros((0, n), out_dtype)
+  if m == 0 or k == 0:  # An empty sum: zeros whatever the scales (the kernels load a K block's scales up front).
+    return jnp.zeros((m, n), out_dtype)
   device = _device()
   config = _fp8_config("gmm_t_fp8" if transpose_rhs else "gmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n,
                        num_groups, fp8_recipe(lhs_scale.ndim == 2, rhs_scale.ndim == 3), config, device,
@@ -438,8 +438,8 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   num_groups, max_m, k = x.shape
   n = w.shape[1]
   out_dtype = jnp.dtype(out_dtype)
-  if max_m == 0:
-    return jnp.zeros((num_groups, 0, n), out_dtype)
+  if max_m == 0 or k == 0:  # As gmm_fp8's.
+    return jnp.zeros((num_groups, max_m, n), out_dtype)
   device = _device()
   config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups,
                        fp8_recipe(x_scale.ndim == 3, w_scale.ndim == 3), config, device)

@@ -64,13 +64,18 @@ class Fp8OpsTest(Fp8TestBase):
     self.assert_close(out, want)
     np.testing.assert_array_equal(out[63:], 0.0)
 
-  @parameterized.parameters(("row", "row"), ("1x128", "128x128"))
-  def test_gmm_with_k_0_gives_zeros(self, lhs_recipe, rhs_recipe):
-    lhs, lhs_scale = quantize.quantize(jnp.zeros((9, 0)), lhs_recipe)
-    rhs, rhs_scale = quantize.quantize(jnp.zeros((2, 6, 0)), rhs_recipe)
+  @parameterized.product(recipes=(("row", "row"), ("1x128", "128x128")), n=(6, 16))  # 16: a TMA-aligned N
+  def test_gmm_and_masked_with_k_0_give_zeros(self, recipes, n):
+    lhs, lhs_scale = quantize.quantize(jnp.zeros((9, 0)), recipes[0])
+    rhs, rhs_scale = quantize.quantize(jnp.zeros((2, n, 0)), recipes[1])
     out = jgmm.gmm(lhs, rhs, jnp.array([4, 5], jnp.int32), lhs_scale=lhs_scale, rhs_scale=rhs_scale,
                    transpose_rhs=True, backend=self.backend)
-    self.assertEqual((out.shape, out.dtype), ((9, 6), jnp.bfloat16))
+    self.assertEqual((out.shape, out.dtype), ((9, n), jnp.bfloat16))
+    np.testing.assert_array_equal(out, 0.0)
+    x, x_scale = quantize.quantize(jnp.zeros((2, 9, 0)), recipes[0])
+    out = jgmm.masked_gmm(x, rhs, jnp.array([4, 9], jnp.int32), x_scale=x_scale, w_scale=rhs_scale,
+                          backend=self.backend)
+    self.assertEqual((out.shape, out.dtype), ((2, 9, n), jnp.bfloat16))
     np.testing.assert_array_equal(out, 0.0)
 
   def test_gmm_group_offset_and_bf16_output(self):
