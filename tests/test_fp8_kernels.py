@@ -218,10 +218,11 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
                                    s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
                                    tma=True))  # A config's TMA loads, or the default there: WS.
 
-  @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200), config=(WS, None))
+  @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200),
+                         config=(WS, dataclasses.replace(WS, block_n=256, num_stages=3), None))
   def test_warp_specialized(self, recipes, masked, k, config):
-    """WS, and the default config (heuristic) of these shapes: gmm_fp8_ws_kernel where the rows of lhs and rhs are
-    16-byte multiples for TMA (K % 16 == 0); the plain kernel with the same config elsewhere."""
+    """WS (128 or 256 wide), and the default config (heuristic) of these shapes: gmm_fp8_ws_kernel where the rows of
+    lhs and rhs are 16-byte multiples for TMA (K % 16 == 0); the plain kernel with the same config elsewhere."""
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
     g, rows, n, kb = 4, 1000, 4096, -(-k // 128)
     lhs_scale = (rows,) if recipes[0] == "row" else (rows, kb)

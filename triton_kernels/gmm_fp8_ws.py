@@ -33,49 +33,83 @@ MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (th
 
 
 @gluon.jit
-def _row_scale(sa_ptr, kb, row_mask, LHS_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
-  """The (64,) lhs block scale of K block kb for the consumer's rows (1 without lhs block scales)."""
+def _block_scale(sa_ptr, sa_rows, sb_ptr, kb, row_mask, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
+                 ROWS: gl.constexpr):
+  """The (64,) factor of K block kb's product for the consumer's rows: their lhs block scales (sa_ptr + sa_rows +
+  kb) times the rhs block scale at sb_ptr + kb, where the recipe has them (else 1)."""
   if LHS_BLOCKS:
-    return gl.load(sa_ptr + kb, mask=row_mask, other=0.0)
-  return gl.full([HALF], 1.0, gl.float32, ROWS)
+    scale = gl.load(sa_ptr + sa_rows + kb, mask=row_mask, other=0.0)
+  else:
+    scale = gl.full([HALF], 1.0, gl.float32, ROWS)
+  if RHS_BLOCKS:
+    scale = scale * gl.load(sb_ptr + kb)
+  return scale
 
 
 @gluon.jit
-def _add_product(acc, a, b, after, scale, sb_ptr, kb, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
-  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by scale (the lhs block scales) and by the rhs
-  block scale at sb_ptr + kb (loaded while the wgmmas run) where the recipe has them. The wgmma nominally reads
-  `after` (use_acc=False ignores its value): given the accumulator updated last, LLVM keeps that update before
-  these wgmmas instead of sinking it past them (two products live at once: 736 bytes of spills at 128 x 256)."""
-  product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
-  if RHS_BLOCKS:
-    scale = scale * gl.load(sb_ptr + kb)
-  product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+def _promote(acc, product, scale, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+  """acc + product, each row scaled by scale where the recipe has block scales."""
   if LHS_BLOCKS or RHS_BLOCKS:
     return acc + product * gl.expand_dims(scale, 1)
   return acc + product
 
 
 @gluon.jit
-def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S: gl.constexpr,
+def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr):
-  """acc + consumer H's product with a 128-wide rhs tile over k_steps K blocks, from stage `step` on (_add_product
-  per block); every stage released."""
+  """acc + consumer H's product with a 128-wide rhs tile over k_steps K blocks, from stage `step` on; every stage
+  released. Per block: the wgmmas from zero into a fresh product (promotion), then, once done, acc + the product
+  scaled (_block_scale, loaded a block ahead: its global loads have a whole step to land)."""
   ROWS: gl.constexpr = row_mask.type.layout
+  scale = _block_scale(sa_ptr, sa_rows, sb_ptr, 0, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
   for kk in range(k_steps):
     slot = (step + kk) % S
-    scale = _row_scale(sa_ptr, kk, row_mask, LHS_BLOCKS, ROWS)
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    acc = _add_product(acc, a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, scale, sb_ptr, kk,
-                       LHS_BLOCKS, RHS_BLOCKS)
+    product = warpgroup_mma(a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
+                            is_async=True)
+    next_scale = _block_scale(sa_ptr, sa_rows, sb_ptr, gl.minimum(kk + 1, k_steps - 1), row_mask, LHS_BLOCKS,
+                              RHS_BLOCKS, ROWS)
+    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+    acc = _promote(acc, product, scale, LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
+    scale = next_scale
   return acc
 
 
 @gluon.jit
-def row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
-  """acc times its row scales (sa_ptr, unless LHS_BLOCKS) and channel scales (sb_ptr, unless RHS_BLOCKS)."""
+def _wide_steps(acc, acc_right, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, sb_right,
+                row_mask, right, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
+                H: gl.constexpr):
+  """scaled_steps with a 256-wide rhs tile: per K block its two 128-column halves one after the other, into acc and
+  (if right) acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once
+  for 256 columns). sb_right: the right half's rhs block scales (sb_ptr's where the tile has no right half). Each
+  wgmma nominally reads the accumulator updated last (use_acc=False ignores its value), so that LLVM keeps that
+  update before it instead of sinking it past (two products live at once: spills)."""
+  ROWS: gl.constexpr = row_mask.type.layout
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    scale = _block_scale(sa_ptr, sa_rows, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    a = a_bufs.index(2 * slot + H)
+    b = b_bufs.index(slot)
+    product = warpgroup_mma(a, b.slice(0, BLOCK).permute((1, 0)), acc_right, use_acc=False, is_async=True)
+    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+    acc = _promote(acc, product, scale, LHS_BLOCKS, RHS_BLOCKS)
+    if right:
+      scale = _block_scale(sa_ptr, sa_rows, sb_right, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
+      product = warpgroup_mma(a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, use_acc=False, is_async=True)
+      product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+      acc_right = _promote(acc_right, product, scale, LHS_BLOCKS, RHS_BLOCKS)
+    mbarrier.arrive(empty.index(slot))
+  return acc, acc_right
+
+
+@gluon.jit
+def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+  """acc times its row scales (the (64,) pointers sa_ptrs, unless LHS_BLOCKS) and channel scales (sb_ptr, unless
+  RHS_BLOCKS)."""
   if not LHS_BLOCKS:
-    acc = acc * gl.expand_dims(gl.load(sa_ptr, mask=row_mask, other=0.0), 1)
+    acc = acc * gl.expand_dims(gl.load(sa_ptrs, mask=row_mask, other=0.0), 1)
   if not RHS_BLOCKS:
     acc = acc * gl.expand_dims(gl.load(sb_ptr, mask=col_mask, other=0.0), 0)
   return acc
@@ -93,54 +127,44 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK  # rhs scale blocks along N
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
+  lhs_scale_row: gl.constexpr = k_steps if LHS_BLOCKS else 1  # Elements per row of lhs_scale.
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
+  # Offsets of the consumer's rows' scales in int32 (a pointer per row would hold 64-bit registers all along).
+  sa_rows = gl.arange(0, HALF, layout=ROWS) * lhs_scale_row
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = gl.arange(0, HALF, layout=ROWS) < half_rows
-    row64 = row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
+    sa_ptr = lhs_scale_ptr + row.to(gl.int64) * lhs_scale_row
     col0 = ni * BLOCK_N
     right = col0 + BLOCK < N  # A wide tile's right half holds columns of out.
-    if LHS_BLOCKS:
-      sa_ptr = lhs_scale_ptr + row64 * k_steps
-    else:
-      sa_ptr = lhs_scale_ptr + row64
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + col0 // BLOCK) * k_steps  # The left half's blocks.
     acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      if not WIDE:
-        acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S,
+      if WIDE:
+        acc, acc_right = _wide_steps(acc, acc_right, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows,
+                                     sb_ptr, sb_ptr + right.to(gl.int32) * k_steps, row_mask, right, S, LHS_BLOCKS,
+                                     RHS_BLOCKS, H)
+      else:
+        acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S,
                            LHS_BLOCKS, RHS_BLOCKS, H)
-      else:  # Per K block, the two column halves one after the other.
-        for kk in range(k_steps):
-          slot = (step + kk) % S
-          scale = _row_scale(sa_ptr, kk, row_mask, LHS_BLOCKS, ROWS)
-          mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-          a = a_bufs.index(2 * slot + H)
-          b = b_bufs.index(slot)
-          acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, scale, sb_ptr, kk, LHS_BLOCKS,
-                             RHS_BLOCKS)
-          if right:
-            acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, scale,
-                                     sb_ptr + k_steps, kk, LHS_BLOCKS, RHS_BLOCKS)
-          mbarrier.arrive(empty.index(slot))
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
     if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
-      acc = row_channel_scales(acc, sa_ptr, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
+      acc = row_channel_scales(acc, sa_ptr + sa_rows, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
                                LHS_BLOCKS, RHS_BLOCKS)
       acc = gl.where(gl.expand_dims(row_mask, 1), acc, 0.0)
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, col0, half_store, N, BLOCK, OUT_LAYOUT)
       if WIDE:
         if right:
           cols = cols + BLOCK
-          acc_right = row_channel_scales(acc_right, sa_ptr, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask,
-                                         cols < N, LHS_BLOCKS, RHS_BLOCKS)
+          acc_right = row_channel_scales(acc_right, sa_ptr + sa_rows, rhs_scale_ptr + g.to(gl.int64) * N + cols,
+                                         row_mask, cols < N, LHS_BLOCKS, RHS_BLOCKS)
           acc_right = gl.where(gl.expand_dims(row_mask, 1), acc_right, 0.0)
           store_half(out_ptr, out_desc, c_bufs.index(H), acc_right, row, col0 + BLOCK, half_store, N, BLOCK,
                      OUT_LAYOUT)

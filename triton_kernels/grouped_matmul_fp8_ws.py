@@ -94,20 +94,18 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     half_rows = gl.minimum(gl.maximum(m - row, 0), HALF)
     row_mask = gl.arange(0, HALF, layout=ROWS) < half_rows
     cols = col0 + gl.arange(0, BLOCK, layout=COLS)
-    rows64 = row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
-    if LHS_BLOCKS:
-      sa_ptr = _select(lhs_scale_ptrs, p, P) + rows64 * k_steps
-    else:
-      sa_ptr = _select(lhs_scale_ptrs, p, P) + rows64
+    lhs_scale_row = k_steps if LHS_BLOCKS else 1  # Elements per row of lhs_scale[p].
+    sa_ptr = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) * lhs_scale_row
+    sa_rows = gl.arange(0, HALF, layout=ROWS) * lhs_scale_row
     if RHS_BLOCKS:
       sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
     else:
       sb_ptr = _select(rhs_scale_ptrs, p, P) + cols
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sb_ptr, row_mask, S, LHS_BLOCKS,
-                         RHS_BLOCKS, H)
-      acc = row_channel_scales(acc, sa_ptr, sb_ptr, row_mask, cols < n, LHS_BLOCKS, RHS_BLOCKS)
+      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S,
+                         LHS_BLOCKS, RHS_BLOCKS, H)
+      acc = row_channel_scales(acc, sa_ptr + sa_rows, sb_ptr, row_mask, cols < n, LHS_BLOCKS, RHS_BLOCKS)
       out_ptr = _select(out_ptrs, p, P)
       tma.store_wait(pendings=0)  # This consumer's previous store has read c_buf and its descriptor.
       c_buf.store(acc.to(out_ptr.dtype.element_ty))
