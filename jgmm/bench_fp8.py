@@ -8,11 +8,17 @@ round-robin in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 
 accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
 The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES.
+jgmm's products run `runs` times in one program (timing.chain, enough runs for ~0.5 ms at the FP8 peak): a masked
+case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, which one call per run would time
+(session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first
+adds a one-element update (a few us), so jgmm's figures are, if anything, low. torch's eager calls dispatch in
+about 10 us and are timed one by one.
 
 With --tune, each case's FP8 kernel (1x128 / 128x128) is first timed with every config of FP8_CANDIDATES; the
 fastest per config_table key goes to out_dir/tuned_fp8.json ({key: Config fields}, to enter in the tables).
 """
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -35,6 +41,7 @@ DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168
             ("contiguous", 4, 8192, 4096, 7168): 1346, ("contiguous", 8, 4096, 4096, 7168): 1346,
             ("contiguous", 4, 8192, 7168, 2048): 1214, ("contiguous", 8, 4096, 7168, 2048): 1214}
 RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
+FP8_PEAK_FLOPS = 1979e12  # H100 / H200 dense FP8 (datasheet): sizes timing.chain's runs
 
 
 FP8_CANDIDATES = [
@@ -58,29 +65,52 @@ def _masked_m(g, expected_m, seed=0):
   return rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
 
 
-def tune_case(layout, g, rows, n, k):
-  """{table key: fields of the fastest of FP8_CANDIDATES} for one case's FP8 kernel (1x128 / 128x128 scales)."""
+def _case_inputs(layout, g, rows, n, k):
+  """(x (G, max_m, K) masked or (M, K) contiguous, w (G, N, K), groups: masked_m or group sizes, valid rows) of a
+  case, bf16 (fixed seeds: every variant and peer gets the same values)."""
   k1, k2 = jax.random.split(jax.random.key(0))
-  wq, ws = quantize.quantize(jax.random.normal(k2, (g, n, k), jnp.bfloat16), "128x128")
+  w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
   if layout == "masked":
-    max_m = _round_up(int(1.3 * rows) + 1, 128)
-    xq, xs = quantize.quantize(jax.random.normal(k1, (g, max_m, k), jnp.bfloat16), "1x128")
-    groups = jnp.asarray(_masked_m(g, rows))
-    run = lambda config: jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(
-        xq, wq, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config))
+    masked_m = _masked_m(g, rows)
+    x = jax.random.normal(k1, (g, _round_up(int(1.3 * rows) + 1, 128), k), jnp.bfloat16)
+    return x, w, masked_m, int(masked_m.sum())
+  return jax.random.normal(k1, (g * rows, k), jnp.bfloat16), w, np.full(g, rows, np.int32), g * rows
+
+
+def _product(layout, rows, config=None):
+  """The jgmm op of a layout as product(x, w, groups, x_scale, w_scale) (scales None in bf16): masked_gmm with
+  x (G, max_m, K), w (G, N, K), masked_m (G,), or gmm with lhs (M, K), K-major rhs (G, N, K), group sizes (G,)."""
+  if layout == "masked":
+    return lambda x, w, mm, xs, ws: jgmm.masked_gmm(x, w, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config)
+  return lambda x, w, gs, xs, ws: jgmm.gmm(x, w, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config)
+
+
+def _runs(valid, n, k):
+  """timing.chain's runs for a product of valid rows: about 0.5 ms of GPU work at the FP8 peak."""
+  return timing.chain_runs(2 * valid * n * k / FP8_PEAK_FLOPS * 1e3)
+
+
+def _chained(product, runs):
+  """product with FP8 operands, `runs` times in one jitted program (args: xq, x_scale, wq, w_scale, groups)."""
+  return jax.jit(timing.chain(lambda xq, xs, wq, ws, gs: product(xq, wq, gs, xs, ws), runs))
+
+
+def tune_case(layout, g, rows, n, k):
+  """{table key: fields of the fastest of FP8_CANDIDATES} for one case's FP8 kernel (1x128 / 128x128 scales),
+  each config timed over timing.chain's runs (the GPU's time, not the host's dispatch)."""
+  x, w, groups, valid = _case_inputs(layout, g, rows, n, k)
+  args = (*quantize.quantize(x, "1x128"), *quantize.quantize(w, "128x128"), jnp.asarray(groups))
+  runs = _runs(valid, n, k)
+  if layout == "masked":
     key = config_table.make_key("masked_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, scale="1x128-128x128")
   else:
-    xq, xs = quantize.quantize(jax.random.normal(k1, (g * rows, k), jnp.bfloat16), "1x128")
-    groups = jnp.full((g,), rows, jnp.int32)
-    run = lambda config: jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(
-        xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config))
     key = config_table.make_key("gmm_t_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, transpose=True,
                                 scale="1x128-128x128")
   timings = {}
   for i, config in enumerate(FP8_CANDIDATES):
-    fn = run(config)
+    fn = _chained(_product(layout, rows, config), runs)
     try:
-      timings[i] = timing.time_ms(lambda: fn(xq, xs, wq, ws, groups), timing.jax_sync, min_batch_s=0.02, batches=5)
+      timings[i] = timing.time_ms(lambda: fn(*args), timing.jax_sync, min_batch_s=0.02, batches=5) / runs
     except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is skipped
       print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
       continue
@@ -92,30 +122,17 @@ def tune_case(layout, g, rows, n, k):
   return {str(key): dataclasses.asdict(FP8_CANDIDATES[best])}
 
 
-def _jax_masked(x, w, masked_m, expected_m):
-  """{impl: fn} of jgmm on the masked layout: FP8 blocks, FP8 rows/channels, bf16."""
-  blocks = (*quantize.quantize(x, "1x128"), *quantize.quantize(w, "128x128"))
-  rows = (*quantize.quantize(x, "row"), *quantize.quantize(w, "row"))
-  fp8 = jax.jit(lambda xq, xs, wq, ws, mm: jgmm.masked_gmm(xq, wq, mm, x_scale=xs, w_scale=ws,
-                                                           expected_m=expected_m))
-  bf16 = jax.jit(lambda x, w, mm: jgmm.masked_gmm(x, w, mm, expected_m=expected_m))
-  mm = jnp.asarray(masked_m)
-  xq, xs, wq, ws = blocks
-  rq, rs, cq, cs = rows
-  return {"jgmm_fp8_blocks": lambda: fp8(xq, xs, wq, ws, mm), "jgmm_fp8_rowwise": lambda: fp8(rq, rs, cq, cs, mm),
-          "jgmm_bf16": lambda: bf16(x, w, mm)}
-
-
-def _jax_contiguous(x, w_nk, sizes):
-  blocks = (*quantize.quantize(x, "1x128"), *quantize.quantize(w_nk, "128x128"))
-  rows = (*quantize.quantize(x, "row"), *quantize.quantize(w_nk, "row"))
-  fp8 = jax.jit(lambda xq, xs, wq, ws, gs: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True))
-  bf16 = jax.jit(lambda x, w, gs: jgmm.gmm(x, w, gs, transpose_rhs=True))
-  gs = jnp.asarray(sizes)
-  xq, xs, wq, ws = blocks
-  rq, rs, cq, cs = rows
-  return {"jgmm_fp8_blocks": lambda: fp8(xq, xs, wq, ws, gs), "jgmm_fp8_rowwise": lambda: fp8(rq, rs, cq, cs, gs),
-          "jgmm_bf16": lambda: bf16(x, w_nk, gs)}
+def jax_impls(layout, rows, x, w, groups, runs):
+  """{impl: fn} of jgmm on one case: FP8 with DeepSeek-V3 blocks (1x128 / 128x128), FP8 per row / per channel,
+  bf16; a call of fn runs the product `runs` times (timing.chain). Each fn is functools.partial(jitted function,
+  *its arguments)."""
+  product = _product(layout, rows)
+  gs = jnp.asarray(groups)
+  fp8 = _chained(product, runs)
+  impls = {f"jgmm_fp8_{name}": functools.partial(fp8, *quantize.quantize(x, xr), *quantize.quantize(w, wr), gs)
+           for name, (xr, wr) in (("blocks", ("1x128", "128x128")), ("rowwise", ("row", "row")))}
+  bf16 = jax.jit(timing.chain(lambda x, w, gs: product(x, w, gs, None, None), runs))
+  return impls | {"jgmm_bf16": functools.partial(bf16, x, w, gs)}
 
 
 def _torch_peers(layout, x, w_nk, rows_per_group, valid_rows):
@@ -161,26 +178,16 @@ def _torch_peers(layout, x, w_nk, rows_per_group, valid_rows):
 
 def bench_fp8_case(layout, g, rows, n, k):
   """Timings of one FP8 case: {impl: {"ms", "tflops"}} plus the case's description."""
-  key = jax.random.key(0)
-  k1, k2 = jax.random.split(key)
-  w_nk = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
-  if layout == "masked":
-    masked_m = _masked_m(g, rows)
-    max_m = _round_up(int(1.3 * rows) + 1, 128)
-    x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
-    valid = int(masked_m.sum())
-    impls = _jax_masked(x, w_nk, masked_m, rows)
-    torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
-  else:
-    valid = g * rows
-    x = jax.random.normal(k1, (valid, k), jnp.bfloat16)
-    impls = _jax_contiguous(x, w_nk, np.full(g, rows, np.int32))
-    torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
+  x, w_nk, groups, valid = _case_inputs(layout, g, rows, n, k)
+  runs = _runs(valid, n, k)
+  impls = jax_impls(layout, rows, x, w_nk, groups, runs)
+  torch_fns, torch_sync = _torch_peers(layout, x, w_nk, rows, valid)
   fns = {name: (fn, timing.jax_sync) for name, fn in impls.items()}
   fns.update({name: (fn, torch_sync) for name, fn in torch_fns.items()})
   ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  ms = {name: t / runs if name in impls else t for name, t in ms.items()}
   flops = 2 * valid * n * k
-  return {"layout": layout, "g": g, "rows": rows, "n": n, "k": k, "valid_rows": valid,
+  return {"layout": layout, "g": g, "rows": rows, "n": n, "k": k, "valid_rows": valid, "jgmm_runs_per_call": runs,
           "deepgemm_tflops": DEEPGEMM.get((layout, g, rows, n, k)),
           "impls": {name: {"ms": t, "tflops": flops / t / 1e9} for name, t in ms.items()}}
 

@@ -1,6 +1,7 @@
 """jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
-jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run."""
+jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
+jgmm.bench_fp8 times its products through it."""
 import functools
 import os
 import sys
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench, bench_hetero, bench_tuned, config_table, timing
+from jgmm import bench, bench_fp8, bench_hetero, bench_tuned, config_table, timing
 
 
 def _results():
@@ -76,6 +77,25 @@ class ChainTest(absltest.TestCase):
     self.assertEqual(timing.chain_runs(0.1), 5)
     self.assertEqual(timing.chain_runs(0.001), 32)  # at most 32
     self.assertEqual(timing.chain_runs(0.0), 32)
+
+
+class Fp8BenchTest(absltest.TestCase):
+
+  def test_a_call_runs_the_product_runs_times(self):
+    """bench_fp8's jgmm fns: one product's output, and (cross-lowered for sm_90) every run's kernel in the program."""
+    g, rows, n, k = 2, 64, 256, 256
+    for layout in ("masked", "contiguous"):
+      x, w, groups, _ = bench_fp8._case_inputs(layout, g, rows, n, k)
+      chained, single = (bench_fp8.jax_impls(layout, rows, x, w, groups, runs) for runs in (3, 1))
+      self.assertEqual(set(chained), {"jgmm_fp8_blocks", "jgmm_fp8_rowwise", "jgmm_bf16"})
+      for name, fn in chained.items():
+        np.testing.assert_array_equal(np.asarray(fn(), np.float32), np.asarray(single[name](), np.float32))
+      with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}):
+        kernels = lambda f: f.func.trace(*f.args).lower(lowering_platforms=("cuda",)).as_text().count(
+            "triton_kernel_call")
+        once = [kernels(f) for f in single.values()]
+        self.assertGreater(min(once), 0, layout)
+        self.assertEqual([kernels(f) for f in chained.values()], [3 * c for c in once], layout)
 
 
 class HeteroFp8CaseTest(absltest.TestCase):
