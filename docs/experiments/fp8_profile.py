@@ -1,31 +1,44 @@
 """Where gmm_fp8_ws_kernel's time goes (issue 15): its 128- and 256-wide tiles, block and rowwise scales, stages.
 
-python docs/experiments/fp8_profile.py time  -- interleaved TFLOP/s of each variant on each case (valid rows), with
-                                               each output checked against the first variant's (DeepGEMM's diff)
+python docs/experiments/fp8_profile.py time  -- interleaved TFLOP/s of each variant on each case (valid rows; each
+                                               call chains the product as bench_fp8 does), each output checked
+                                               against the first variant's (DeepGEMM's diff); a variant named
+                                               base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before
+                                               the change under test (make it with `git show REV:triton_kernels/
+                                               gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`)
 python docs/experiments/fp8_profile.py ncu   -- each (case, variant) once more after a warm-up, between
                                                cudaProfilerStart/Stop, for `ncu --profile-from-start off`
                                                (docs/experiments/fp8_profile.sh), in the order printed
 """
 import functools
+import os
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import bench_fp8, oracle, quantize, timing
+from jgmm import backend_triton, bench_fp8, oracle, quantize, timing
 from jgmm.config import Config
 
-CASES = [("contiguous", 4, 8192, 4096, 7168), ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168)]
+CASES = [("contiguous", 4, 8192, 4096, 7168), ("contiguous", 4, 8192, 7168, 2048), ("masked", 1, 1024, 7168, 2048),
+         ("masked", 1, 1024, 4096, 7168)]
 VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages)
     "blocks_128_s4": ("1x128", "128x128", 128, 4), "blocks_256_s3": ("1x128", "128x128", 256, 3),
-    "blocks_256_s4": ("1x128", "128x128", 256, 4), "rows_128_s4": ("row", "row", 128, 4),
-    "rows_256_s3": ("row", "row", 256, 3), "rows_256_s4": ("row", "row", 256, 4)}
+    "rows_128_s4": ("row", "row", 128, 4), "rows_256_s3": ("row", "row", 256, 3)}
+try:  # The kernel before the change under test, as base_<variant>.
+  sys.path.insert(0, os.path.dirname(__file__))
+  import gmm_fp8_ws_base
+  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items()}
+except ImportError:
+  gmm_fp8_ws_base = None
 
 
 def case_fns(layout, g, rows, n, k):
-  """({variant: fn}, valid rows) of one case: each fn the public op on inputs quantised for its recipe."""
+  """({variant: fn}, valid rows, runs) of one case: each fn the public op on inputs quantised for its recipe, run
+  `runs` times in one program (timing.chain)."""
   k1, k2 = jax.random.split(jax.random.key(0))
   w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
   if layout == "masked":
@@ -38,11 +51,16 @@ def case_fns(layout, g, rows, n, k):
     groups = jnp.full((g,), rows, jnp.int32)
     op = lambda xq, wq, gs, xs, ws, c: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=c)
   fns = {}
+  runs = timing.chain_runs(2 * int(groups.sum()) * n * k / bench_fp8.FP8_PEAK_FLOPS * 1e3)
   for name, (xr, wr, block_n, stages) in VARIANTS.items():
     (xq, xs), (wq, ws) = quantize.quantize(x, xr), quantize.quantize(w, wr)
     config = Config(block_m=128, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
-    fns[name] = functools.partial(jax.jit(functools.partial(op, c=config)), xq, wq, groups, xs, ws)
-  return fns, int(groups.sum())
+    f = jax.jit(timing.chain(lambda xq, wq, gs, xs, ws, c=config: op(xq, wq, gs, xs, ws, c), runs))
+    if name.startswith("base_"):  # Traced (at its first call, here) with the kernel before the change.
+      with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
+        f = jax.jit(f).trace(xq, wq, groups, xs, ws).lower().compile()
+    fns[name] = functools.partial(f, xq, wq, groups, xs, ws)
+  return fns, int(groups.sum()), runs
 
 
 if __name__ == "__main__":
@@ -50,7 +68,7 @@ if __name__ == "__main__":
   if sys.argv[1] == "time":
     table = []
     for case in CASES:
-      fns, valid = case_fns(*case)
+      fns, valid, runs = case_fns(*case)
       outs = {}
       for name, f in fns.items():
         try:
@@ -62,7 +80,7 @@ if __name__ == "__main__":
       ms = timing.time_interleaved({name: (fns[name], timing.jax_sync) for name in outs}, min_batch_s=0.03,
                                    batches=7)
       _, _, _, n, k = case
-      table.append((case, {name: 2 * valid * n * k / t / 1e9 for name, t in ms.items()}))
+      table.append((case, {name: 2 * valid * n * k * runs / t / 1e9 for name, t in ms.items()}))
       print(case, {name: round(v) for name, v in table[-1][1].items()}, flush=True)
     print("\n| case | " + " | ".join(VARIANTS) + " |\n|---|" + "---|" * len(VARIANTS))
     for case, tflops in table:
@@ -72,7 +90,7 @@ if __name__ == "__main__":
     wanted = sys.argv[2].split(",") if len(sys.argv) > 2 else list(VARIANTS)
     runs = []
     for case in CASES:
-      fns, _ = case_fns(*case)
+      fns = case_fns(*case)[0]
       runs += [(case, name, fns[name]) for name in wanted]
     for _, _, f in runs:
       timing.jax_sync(f())

@@ -7,8 +7,8 @@ python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1 ||
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,power.limit --format=csv,noheader
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [[ $steps == *tests* ]]; then
-  python -m pytest -q -rf -n 6 -p no:cacheprovider tests/test_fp8_kernels.py tests/test_quantize_pair.py \
-    tests/test_fp8_recipe.py tests/test_fp8.py 2>&1 | tee $OUT/pytest.log | tail -n 8
+  python -m pytest -q -rf -n 6 -p no:cacheprovider tests/test_fp8_kernels.py tests/test_quantize_pair.py tests/test_bench.py \
+    tests/test_fp8_recipe.py tests/test_fp8.py tests/test_grouped_matmul.py 2>&1 | tee $OUT/pytest.log | tail -n 8
 fi
 [[ $steps == *time* ]] && python docs/experiments/fp8_profile.py time 2>&1 | grep -v Warning | tee $OUT/time.log
 metrics=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,sm__cycles_elapsed.avg.per_second,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_wait
