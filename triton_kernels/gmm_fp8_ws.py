@@ -58,21 +58,19 @@ def _promote(acc, product, scale, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.const
 def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr):
   """acc + consumer H's product with a 128-wide rhs tile over k_steps K blocks, from stage `step` on; every stage
-  released. Per block: the wgmmas from zero into a fresh product (promotion), then, once done, acc + the product
-  scaled (_block_scale, loaded a block ahead: its global loads have a whole step to land)."""
+  released. Per block: its scales' loads (_block_scale, issued before the stage's wait), the wgmmas from zero into a
+  fresh product (promotion), then, once done, acc + the product scaled. (Loading the scales a block ahead instead
+  measured 6-11% slower: docs/perf-notes.md, session 16.)"""
   ROWS: gl.constexpr = row_mask.type.layout
-  scale = _block_scale(sa_ptr, sa_rows, sb_ptr, 0, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
   for kk in range(k_steps):
     slot = (step + kk) % S
+    scale = _block_scale(sa_ptr, sa_rows, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
     product = warpgroup_mma(a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
                             is_async=True)
-    next_scale = _block_scale(sa_ptr, sa_rows, sb_ptr, gl.minimum(kk + 1, k_steps - 1), row_mask, LHS_BLOCKS,
-                              RHS_BLOCKS, ROWS)
     product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
     acc = _promote(acc, product, scale, LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
-    scale = next_scale
   return acc
 
 

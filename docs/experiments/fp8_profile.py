@@ -1,14 +1,13 @@
 """Where gmm_fp8_ws_kernel's time goes (issue 15): its 128- and 256-wide tiles, block and rowwise scales, stages.
 
-python docs/experiments/fp8_profile.py time  -- interleaved TFLOP/s of each variant on each case (valid rows; each
-                                               call chains the product as bench_fp8 does), each output checked
-                                               against the first variant's (DeepGEMM's diff); a variant named
-                                               base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before
-                                               the change under test (make it with `git show REV:triton_kernels/
-                                               gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`)
-python docs/experiments/fp8_profile.py ncu   -- each (case, variant) once more after a warm-up, between
-                                               cudaProfilerStart/Stop, for `ncu --profile-from-start off`
-                                               (docs/experiments/fp8_profile.sh), in the order printed
+python docs/experiments/fp8_profile.py time [VARIANT,...]
+    interleaved TFLOP/s of each variant (default: all) on each case (valid rows; each call chains the product as
+    bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named base_* runs
+    docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
+    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`)
+python docs/experiments/fp8_profile.py ncu [VARIANT,...]
+    each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
+    `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
 """
 import functools
 import os
@@ -65,6 +64,8 @@ def case_fns(layout, g, rows, n, k):
 
 if __name__ == "__main__":
   print(jax.devices()[0].device_kind, flush=True)
+  if len(sys.argv) > 2:  # A subset of the variants, e.g. blocks_128_s4,base_blocks_128_s4
+    VARIANTS = {name: VARIANTS[name] for name in sys.argv[2].split(",")}
   if sys.argv[1] == "time":
     table = []
     for case in CASES:
@@ -87,11 +88,10 @@ if __name__ == "__main__":
       print(f"| {case[0]} {case[1]}x{case[2]} ({case[3]}, {case[4]}) | "
             + " | ".join(f"{tflops[v]:.0f}" if v in tflops else "-" for v in VARIANTS) + " |")
   else:
-    wanted = sys.argv[2].split(",") if len(sys.argv) > 2 else list(VARIANTS)
     runs = []
     for case in CASES:
       fns = case_fns(*case)[0]
-      runs += [(case, name, fns[name]) for name in wanted]
+      runs += [(case, name, fns[name]) for name in VARIANTS]
     for _, _, f in runs:
       timing.jax_sync(f())
     import torch  # Its runtime's profiler switch covers the whole process.
