@@ -33,22 +33,25 @@ MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (th
 
 
 @gluon.jit
-def _block_scale(sa_ptr, sa_rows, sb_ptr, kb, row_mask, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-                 ROWS: gl.constexpr):
-  """The (64,) factor of K block kb's product for the consumer's rows: their lhs block scales (sa_ptr + sa_rows +
-  kb) times the rhs block scale at sb_ptr + kb, where the recipe has them (else 1)."""
+def _row_scale(sa_ptr, sa_rows, kb, row_mask, LHS_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
+  """The (64,) lhs block scales of K block kb for the consumer's rows (sa_ptr + sa_rows + kb: int32 offsets from one
+  scalar pointer, as 64-bit pointers per row would hold four registers all along), or 1 without block scales."""
   if LHS_BLOCKS:
-    scale = gl.load(sa_ptr + sa_rows + kb, mask=row_mask, other=0.0)
-  else:
-    scale = gl.full([HALF], 1.0, gl.float32, ROWS)
-  if RHS_BLOCKS:
-    scale = scale * gl.load(sb_ptr + kb)
-  return scale
+    return gl.load(sa_ptr + sa_rows + kb, mask=row_mask, other=0.0)
+  return gl.full([HALF], 1.0, gl.float32, ROWS)
 
 
 @gluon.jit
-def _promote(acc, product, scale, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
-  """acc + product, each row scaled by scale where the recipe has block scales."""
+def _add_product(acc, a, b, after, scale, sb_ptr, kb, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by scale (the lhs block scales) and by the rhs
+  block scale at sb_ptr + kb, loaded while the wgmmas run (its product with scale waits for it: before the wgmmas,
+  that wait would delay them; measured 0.91-0.93x), where the recipe has them. The wgmma nominally reads `after`
+  (use_acc=False ignores its value): given the accumulator updated last, LLVM keeps that update before these wgmmas
+  instead of sinking it past them (two products live at once: spills)."""
+  product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
+  if RHS_BLOCKS:
+    scale = scale * gl.load(sb_ptr + kb)
+  product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
   if LHS_BLOCKS or RHS_BLOCKS:
     return acc + product * gl.expand_dims(scale, 1)
   return acc + product
@@ -57,47 +60,37 @@ def _promote(acc, product, scale, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.const
 @gluon.jit
 def scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr):
-  """acc + consumer H's product with a 128-wide rhs tile over k_steps K blocks, from stage `step` on; every stage
-  released. Per block: its scales' loads (_block_scale, issued before the stage's wait), the wgmmas from zero into a
-  fresh product (promotion), then, once done, acc + the product scaled. (Loading the scales a block ahead instead
-  measured 6-11% slower: docs/perf-notes.md, session 16.)"""
+  """acc + consumer H's product with a 128-wide rhs tile over k_steps K blocks, from stage `step` on (_add_product
+  per block, its lhs scales loaded before the stage's wait); every stage released."""
   ROWS: gl.constexpr = row_mask.type.layout
   for kk in range(k_steps):
     slot = (step + kk) % S
-    scale = _block_scale(sa_ptr, sa_rows, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
+    scale = _row_scale(sa_ptr, sa_rows, kk, row_mask, LHS_BLOCKS, ROWS)
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    product = warpgroup_mma(a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
-                            is_async=True)
-    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-    acc = _promote(acc, product, scale, LHS_BLOCKS, RHS_BLOCKS)
+    acc = _add_product(acc, a_bufs.index(2 * slot + H), b_bufs.index(slot).permute((1, 0)), acc, scale, sb_ptr, kk,
+                       LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc
 
 
 @gluon.jit
-def _wide_steps(acc, acc_right, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, sb_right,
-                row_mask, right, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-                H: gl.constexpr):
+def _wide_steps(acc, acc_right, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, right,
+                S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr):
   """scaled_steps with a 256-wide rhs tile: per K block its two 128-column halves one after the other, into acc and
   (if right) acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once
-  for 256 columns). sb_right: the right half's rhs block scales (sb_ptr's where the tile has no right half). Each
-  wgmma nominally reads the accumulator updated last (use_acc=False ignores its value), so that LLVM keeps that
-  update before it instead of sinking it past (two products live at once: spills)."""
+  for 256 columns). sb_ptr: the left half's rhs block scales (the right half's follow them)."""
   ROWS: gl.constexpr = row_mask.type.layout
   for kk in range(k_steps):
     slot = (step + kk) % S
-    scale = _block_scale(sa_ptr, sa_rows, sb_ptr, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
+    scale = _row_scale(sa_ptr, sa_rows, kk, row_mask, LHS_BLOCKS, ROWS)
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
     a = a_bufs.index(2 * slot + H)
     b = b_bufs.index(slot)
-    product = warpgroup_mma(a, b.slice(0, BLOCK).permute((1, 0)), acc_right, use_acc=False, is_async=True)
-    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-    acc = _promote(acc, product, scale, LHS_BLOCKS, RHS_BLOCKS)
+    acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, scale, sb_ptr, kk, LHS_BLOCKS,
+                       RHS_BLOCKS)
     if right:
-      scale = _block_scale(sa_ptr, sa_rows, sb_right, kk, row_mask, LHS_BLOCKS, RHS_BLOCKS, ROWS)
-      product = warpgroup_mma(a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, use_acc=False, is_async=True)
-      product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-      acc_right = _promote(acc_right, product, scale, LHS_BLOCKS, RHS_BLOCKS)
+      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, scale, sb_ptr + k_steps, kk,
+                               LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
@@ -143,8 +136,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
     if half_rows > 0:
       if WIDE:
         acc, acc_right = _wide_steps(acc, acc_right, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows,
-                                     sb_ptr, sb_ptr + right.to(gl.int32) * k_steps, row_mask, right, S, LHS_BLOCKS,
-                                     RHS_BLOCKS, H)
+                                     sb_ptr, row_mask, right, S, LHS_BLOCKS, RHS_BLOCKS, H)
       else:
         acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S,
                            LHS_BLOCKS, RHS_BLOCKS, H)
