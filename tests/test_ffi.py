@@ -124,6 +124,13 @@ def _tuple_scale_kernel(xs, n, outs, P: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _multiply_add_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  x = tl.load(x_ptr + offsets)
+  tl.store(out_ptr + offsets, x * 3.0 + x * x)
+
+
+@triton.jit
 def _broken_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.arange(0, BLOCK * 2))  # shape mismatch
@@ -532,6 +539,22 @@ class CrossLoweringTest(parameterized.TestCase):
     for c in compiled:
       self.assertIn(f".target {sm}", c.asm["ptx"])
       self.assertNotEmpty(c.asm["cubin"])
+
+  def test_multiply_adds_are_fused_whatever_tritons_default(self):
+    """Triton 3.9 warns that its default for FP fusion turns to off in 3.10 (TRITON_DEFAULT_FP_FUSION): jgmm asks
+    for it, so its kernels keep their FMAs; where Triton has TRITON_FORCE_DISABLE_FP_FUSION, it still turns it off."""
+    self._target("cuda:90")
+    x = jax.ShapeDtypeStruct((64,), jnp.float32)
+    call = lambda x: ffi.triton_call(x, kernel=_multiply_add_kernel, out_shape=x, grid=(1,), BLOCK=64)
+    cases = [({"TRITON_DEFAULT_FP_FUSION": "0"}, True)]
+    if hasattr(triton.knobs.language, "force_disable_fp_fusion"):  # Triton 3.9's override
+      cases.append(({"TRITON_FORCE_DISABLE_FP_FUSION": "1"}, False))
+    for env, fused in cases:
+      _compile._cache.clear()
+      with mock.patch.dict(os.environ, env):
+        _lower_for("cuda", call, x)
+      (compiled,) = [c for k, c in _compile._cache.items() if k[0] is _multiply_add_kernel]
+      self.assertEqual("fma.rn.f32" in compiled.asm["ptx"], fused, env)
 
   def test_specialization_attributes_follow_the_arguments(self):
     self._target("cuda:90")
