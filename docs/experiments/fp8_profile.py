@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jgmm
 from jgmm import backend_triton, bench_fp8, oracle, quantize, timing
 from jgmm.config import Config
 
@@ -37,29 +36,20 @@ except ImportError:
 
 def case_fns(layout, g, rows, n, k):
   """({variant: fn}, valid rows, runs) of one case: each fn the public op on inputs quantised for its recipe, run
-  `runs` times in one program (timing.chain)."""
-  k1, k2 = jax.random.split(jax.random.key(0))
-  w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
-  if layout == "masked":
-    max_m = bench_fp8._round_up(int(1.3 * rows) + 1, 128)
-    x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
-    groups = jnp.asarray(bench_fp8._masked_m(g, rows))
-    op = lambda xq, wq, gs, xs, ws, c: jgmm.masked_gmm(xq, wq, gs, x_scale=xs, w_scale=ws, expected_m=rows, config=c)
-  else:
-    x = jax.random.normal(k1, (g * rows, k), jnp.bfloat16)
-    groups = jnp.full((g,), rows, jnp.int32)
-    op = lambda xq, wq, gs, xs, ws, c: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=c)
+  `runs` times in one program (bench_fp8's inputs, op and chaining)."""
+  x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
+  gs = jnp.asarray(groups)
+  runs = bench_fp8._runs(valid, n, k)
   fns = {}
-  runs = timing.chain_runs(2 * int(groups.sum()) * n * k / bench_fp8.FP8_PEAK_FLOPS * 1e3)
   for name, (xr, wr, block_n, stages) in VARIANTS.items():
-    (xq, xs), (wq, ws) = quantize.quantize(x, xr), quantize.quantize(w, wr)
+    args = (*quantize.quantize(x, xr), *quantize.quantize(w, wr), gs)
     config = Config(block_m=128, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
-    f = jax.jit(timing.chain(lambda xq, wq, gs, xs, ws, c=config: op(xq, wq, gs, xs, ws, c), runs))
-    if name.startswith("base_"):  # Traced (at its first call, here) with the kernel before the change.
+    f = bench_fp8._chained(bench_fp8._product(layout, rows, config), runs)
+    if name.startswith("base_"):  # Traced here with the kernel before the change.
       with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
-        f = jax.jit(f).trace(xq, wq, groups, xs, ws).lower().compile()
-    fns[name] = functools.partial(f, xq, wq, groups, xs, ws)
-  return fns, int(groups.sum()), runs
+        f = f.trace(*args).lower().compile()
+    fns[name] = functools.partial(f, *args)
+  return fns, valid, runs
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jgmm
 from jgmm import bench_fp8, oracle, quantize, timing
 from jgmm.config import Config
 
@@ -28,24 +27,13 @@ for layout, grid in (("masked", bench_fp8.MASKED_CASES), ("contiguous", bench_fp
       name = f"{layout}-{g}x{rows}-{n}-{k}"
       if wanted and name not in wanted:
         continue
-      k1, k2 = jax.random.split(jax.random.key(0))
-      w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
-      if layout == "masked":
-        max_m = bench_fp8._round_up(int(1.3 * rows) + 1, 128)
-        x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
-        groups = jnp.asarray(bench_fp8._masked_m(g, rows))
-        valid = int(groups.sum())
-        op = lambda xq, wq, gs, xs, ws, c: jgmm.masked_gmm(xq, wq, gs, x_scale=xs, w_scale=ws, config=c)
-      else:
-        x = jax.random.normal(k1, (g * rows, k), jnp.bfloat16)
-        groups, valid = jnp.full((g,), rows, jnp.int32), g * rows
-        op = lambda xq, wq, gs, xs, ws, c: jgmm.gmm(xq, wq, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True,
-                                                    config=c)
+      x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
+      groups = jnp.asarray(groups)
       for recipe, (xr, wr) in RECIPES.items():
         (xq, xs), (wq, ws) = quantize.quantize(x, xr), quantize.quantize(w, wr)
         fns, ref = {}, None
         for cname, config in {"v1": V1[rows <= 64], **WS}.items():
-          f = jax.jit(lambda xq, wq, gs, xs, ws, c=config: op(xq, wq, gs, xs, ws, c))
+          f = jax.jit(bench_fp8._product(layout, rows, config))
           args = (xq, wq, groups, xs, ws)
           try:
             out = np.asarray(f(*args), np.float32)
