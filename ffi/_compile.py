@@ -191,7 +191,8 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
     return cached
   source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, constexprs, attrs)
   # Multiply-adds contracted to FMAs, as the kernels were tuned and tested: Triton 3.9 warns that its default
-  # (TRITON_DEFAULT_FP_FUSION) turns to off in 3.10. TRITON_FORCE_DISABLE_FP_FUSION=1 still turns it off.
+  # (TRITON_DEFAULT_FP_FUSION) turns to off in 3.10. From Triton 3.9, TRITON_FORCE_DISABLE_FP_FUSION=1 still turns
+  # it off.
   options = {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True}
   if maxnreg is not None:
     options["maxnreg"] = maxnreg

@@ -84,7 +84,7 @@ class PortableTest(QuantizePairTestBase):
   def test_transforms(self):
     """vmap over a batch, shard_map over row blocks of 128 (each shard's quantisation is the global one's rows and
     columns), and jit on inputs sharded over a jax.make_mesh mesh: the portable backend's, bit for bit (on a GPU
-    the default is the kernel, one FP8 step from it: KernelTest)."""
+    the default is the kernel, one FP8 step from it: GpuTest)."""
     P = jax.sharding.PartitionSpec
     want = lambda x: backend_xla.quantize_pair(x, recipe="1x128", dtype=jnp.float8_e4m3fn)
     portable = lambda x: jgmm.quantize_pair(x, "1x128", backend="xla")
