@@ -58,24 +58,33 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
             TRANSPOSE_RHS: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     if rows > 0:
-      both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
       for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), half_bytes + lhs_desc.block_type.nbytes, pred=both)
-        mbarrier.expect(ready.index(slot), half_bytes, pred=rows <= HALF)
-        _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot))
-        _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
-        if TRANSPOSE_RHS:
-          _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready.index(slot), b_bufs.index(slot))
-        else:
-          _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready.index(slot), b_bufs.index(slot))
+        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, BLOCK_N,
+                   BLOCK_K, TRANSPOSE_RHS)
         step += 1
+
+
+@gluon.jit
+def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
+               N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr):
+  """The loader's TMA copies of step kk of a tile (group g, its rows from row0, column tile ni) into stage slot,
+  counted by ready_bar: the lhs halves holding rows of the group and the rhs tile."""
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
+  both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
+  mbarrier.expect(ready_bar, half_bytes + lhs_desc.block_type.nbytes, pred=both)
+  mbarrier.expect(ready_bar, half_bytes, pred=rows <= HALF)
+  _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot))
+  _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
+  if TRANSPOSE_RHS:
+    _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
+  else:
+    _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
 
 
 @gluon.jit

@@ -21,7 +21,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, row_channel_scales, scaled_steps
+from jgmm.triton_kernels.gmm_fp8_ws import (BLOCK, SCALE_LAYOUT, SCALES, copy_scales, row_channel_scales,
+                                            scaled_steps)
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate_boxes, release_stages
 
 
@@ -49,8 +50,9 @@ def _tile(problems_ptr, tile, slot, P_POW2: gl.constexpr):
 
 
 @gluon.jit
-def _loader(lhs_ptrs, rhs_ptrs, problems_ptr, a_bufs, b_bufs, ready, empty, P: gl.constexpr, P_POW2: gl.constexpr,
-            NUM_TILES: gl.constexpr, S: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
+def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, s_bufs, ready, empty,
+            P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr,
+            RHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
   half_bytes: gl.constexpr = HALF * BLOCK
   tile_bytes: gl.constexpr = BLOCK * BLOCK
   step = 0
@@ -65,9 +67,15 @@ def _loader(lhs_ptrs, rhs_ptrs, problems_ptr, a_bufs, b_bufs, ready, empty, P: g
     lhs_desc = tma.make_tensor_descriptor(_select(lhs_ptrs, p, P), [m, k], [k, 1], [HALF, BLOCK], LHS_LAYOUT)
     rhs_desc = tma.make_tensor_descriptor(_select(rhs_ptrs, p, P), [n, k], [k, 1], [BLOCK, BLOCK], RHS_LAYOUT)
     both = m - row0 > HALF  # Else the bottom half holds no row: its consumer skips it, so no load.
-    for kk in range((k + BLOCK - 1) // BLOCK):
+    k_steps = (k + BLOCK - 1) // BLOCK
+    sa_ptr = _select(lhs_scale_ptrs, p, P) + row0.to(gl.int64) * k_steps
+    sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
+    for kk in range(k_steps):
       s = step % S
       mbarrier.wait(empty.index(s), ((step // S) & 1) ^ 1)
+      if LHS_BLOCKS or RHS_BLOCKS:
+        copy_scales(s_bufs.index(s), ready.index(s), sa_ptr, sb_ptr, kk, m - row0, k_steps, False, LHS_BLOCKS,
+                    RHS_BLOCKS)
       mbarrier.expect(ready.index(s), 2 * half_bytes + tile_bytes, pred=both)
       mbarrier.expect(ready.index(s), half_bytes + tile_bytes, pred=m - row0 <= HALF)
       _tma_load(lhs_desc, [row0, kk * BLOCK], ready.index(s), a_bufs.index(2 * s))
@@ -77,7 +85,7 @@ def _loader(lhs_ptrs, rhs_ptrs, problems_ptr, a_bufs, b_bufs, ready, empty, P: g
 
 
 @gluon.jit
-def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, ready, empty,
+def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready, empty,
               P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -94,18 +102,13 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     half_rows = gl.minimum(gl.maximum(m - row, 0), HALF)
     row_mask = gl.arange(0, HALF, layout=ROWS) < half_rows
     cols = col0 + gl.arange(0, BLOCK, layout=COLS)
-    lhs_scale_row = k_steps if LHS_BLOCKS else 1  # Elements per row of lhs_scale[p].
-    sa_ptr = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) * lhs_scale_row
-    sa_rows = gl.arange(0, HALF, layout=ROWS) * lhs_scale_row
-    if RHS_BLOCKS:
-      sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
-    else:
-      sb_ptr = _select(rhs_scale_ptrs, p, P) + cols
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      acc = scaled_steps(acc, a_bufs, b_bufs, ready, empty, step, k_steps, sa_ptr, sa_rows, sb_ptr, row_mask, S,
-                         LHS_BLOCKS, RHS_BLOCKS, H)
-      acc = row_channel_scales(acc, sa_ptr + sa_rows, sb_ptr, row_mask, cols < n, LHS_BLOCKS, RHS_BLOCKS)
+      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, s_bufs, ready, empty, step, k_steps, False, S, LHS_BLOCKS,
+                            RHS_BLOCKS, False, H)
+      sa_ptrs = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
+      acc = row_channel_scales(acc, sa_ptrs, _select(rhs_scale_ptrs, p, P) + cols, row_mask, cols < n, LHS_BLOCKS,
+                               RHS_BLOCKS)
       out_ptr = _select(out_ptrs, p, P)
       tma.store_wait(pendings=0)  # This consumer's previous store has read c_buf and its descriptor.
       c_buf.store(acc.to(out_ptr.dtype.element_ty))
@@ -128,11 +131,12 @@ def grouped_matmul_fp8_ws_kernel(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_p
   a_bufs, b_bufs, c_bufs, ready, empty = allocate_boxes(
       lhs_ptrs[0].dtype.element_ty, [HALF, BLOCK], LHS_LAYOUT, rhs_ptrs[0].dtype.element_ty, [BLOCK, BLOCK],
       RHS_LAYOUT, out_ptrs[0].dtype.element_ty, BLOCK, S, OUT_LAYOUT)
+  s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, ready, empty, P,
-                   P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, ready, empty, P,
-                   P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_ptrs, rhs_ptrs, problems_ptr, a_bufs, b_bufs, ready, empty, P, P_POW2, NUM_TILES, S, LHS_LAYOUT,
-                 RHS_LAYOUT)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready,
+                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready,
+                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, s_bufs, ready,
+                 empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, LHS_LAYOUT, RHS_LAYOUT)),
   ], [4, 1], [232, 40])
