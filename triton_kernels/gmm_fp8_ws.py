@@ -26,36 +26,33 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_ws import HALF, allocate, consumer_tile, load_stage, release_stages, store_half, tile_of
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages, store_half, tile_of
 
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (three 64 x 128 fp32 accumulators).
-# A stage's block scales (float32): the lhs scales of the tile's 128 rows, then the rhs block scale of the left and
-# of the right 128 columns, 64 copies each (a consumer reads a (64,) row vector of either).
-SCALES = gl.constexpr(256)
+# A stage's rhs block scales (float32): of the left and of the right 128 columns, 64 copies each (a consumer reads
+# a (64,) row vector of either).
+SCALES = gl.constexpr(128)
 SCALE_LAYOUT = gl.SwizzledSharedLayout(1, 1, 1, [0])
+# A stage's lhs block scales, a (1, 128) row of lhs_scale transposed, come by TMA into unswizzled shared memory.
+ROW_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @gluon.jit
-def copy_scales(s_buf, ready_bar, sa_ptr, sb_ptr, kk, rows, k_steps, right, LHS_BLOCKS: gl.constexpr,
-                 RHS_BLOCKS: gl.constexpr):
-  """The loader's asynchronous copies of K block kk's scales into s_buf (SCALES's layout): sa_ptr + r * k_steps + kk
-  for the tile's rows r < rows, sb_ptr + kk (and sb_ptr + k_steps + kk if right); ready_bar's phase completes only
-  once they have landed (cp.async.mbarrier.arrive: its arrival is counted on top of the TMA's)."""
-  layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
-  i = gl.arange(0, BLOCK, layout=layout)
-  if LHS_BLOCKS:
-    async_copy.async_copy_global_to_shared(s_buf.slice(0, BLOCK), sa_ptr + i * k_steps + kk, mask=i < rows)
-  if RHS_BLOCKS:
-    upper = i >= HALF
-    async_copy.async_copy_global_to_shared(s_buf.slice(BLOCK, BLOCK), sb_ptr + upper.to(gl.int32) * k_steps + kk,
-                                           mask=(~upper) | right)
+def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
+  """The loader's asynchronous copies of K block kk's rhs block scales into s_buf (SCALES's layout): sb_ptr + kk,
+  and sb_ptr + k_steps + kk if right; ready_bar's phase completes only once they have landed (issued before the
+  stage's expect: cp.async.mbarrier.arrive adds its arrival to the phase the expect's TMA bytes close)."""
+  i = gl.arange(0, BLOCK, layout=gl.BlockedLayout([4], [32], [1], [0]))
+  upper = i >= HALF
+  async_copy.async_copy_global_to_shared(s_buf, sb_ptr + upper.to(gl.int32) * k_steps + kk, mask=(~upper) | right)
   async_copy.mbarrier_arrive(ready_bar)
 
 
 @gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bufs, b_bufs, s_bufs, ready, empty,
+def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs,
+            ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
             LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
   """gmm_ws's loader, each stage with its block scales (copy_scales) where the recipe has them."""
@@ -65,23 +62,26 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bu
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
-    sa_ptr = lhs_scale_ptr + row0.to(gl.int64) * k_steps
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-        if LHS_BLOCKS or RHS_BLOCKS:
-          copy_scales(s_bufs.index(slot), ready.index(slot), sa_ptr, sb_ptr, kk, rows, k_steps, right, LHS_BLOCKS,
-                       RHS_BLOCKS)
-        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, BLOCK_N,
-                   BLOCK, True)
+        if RHS_BLOCKS:
+          copy_rhs_scales(s_bufs.index(slot), ready.index(slot), sb_ptr, kk, k_steps, right)
+        if LHS_BLOCKS:
+          load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
+                     BLOCK_N, BLOCK, True, sa_desc.block_type.nbytes)
+          _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
+        else:
+          load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
+                     BLOCK_N, BLOCK, True)
         step += 1
 
 
 @gluon.jit
-def _add_product(acc, a, b, after, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
+def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
                  RHS_BLOCKS: gl.constexpr):
   """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales in s_buf (consumer
   H's 64 lhs row scales times the rhs block scale of column half R), read while the wgmmas run, where the recipe
@@ -91,11 +91,11 @@ def _add_product(acc, a, b, after, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_
   product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
   ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   if LHS_BLOCKS:
-    scale = s_buf.slice(H * HALF, HALF).load(ROWS)
+    scale = sa_buf.reshape([BLOCK]).slice(H * HALF, HALF).load(ROWS)
     if RHS_BLOCKS:
-      scale = scale * s_buf.slice(BLOCK + R * HALF, HALF).load(ROWS)
+      scale = scale * s_buf.slice(R * HALF, HALF).load(ROWS)
   elif RHS_BLOCKS:
-    scale = s_buf.slice(BLOCK + R * HALF, HALF).load(ROWS)
+    scale = s_buf.slice(R * HALF, HALF).load(ROWS)
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
   if LHS_BLOCKS or RHS_BLOCKS:
     return acc + product * gl.expand_dims(scale, 1)
@@ -103,7 +103,7 @@ def _add_product(acc, a, b, after, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_
 
 
 @gluon.jit
-def scaled_steps(acc, acc_right, a_bufs, b_bufs, s_bufs, ready, empty, step, k_steps, right, S: gl.constexpr,
+def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, right, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
   (_add_product per block); every stage released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
@@ -115,12 +115,14 @@ def scaled_steps(acc, acc_right, a_bufs, b_bufs, s_bufs, ready, empty, step, k_s
     a = a_bufs.index(2 * slot + H)
     b = b_bufs.index(slot)
     s_buf = s_bufs.index(slot)
+    sa_buf = sa_bufs.index(slot)
     if WIDE:
-      acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
-      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, s_buf, H, 1, LHS_BLOCKS,
-                               RHS_BLOCKS)
+      acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, sa_buf, s_buf, H, 0, LHS_BLOCKS,
+                         RHS_BLOCKS)
+      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, s_buf, H, 1,
+                               LHS_BLOCKS, RHS_BLOCKS)
     else:
-      acc = _add_product(acc, a, b.permute((1, 0)), acc, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
+      acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
@@ -137,7 +139,8 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, s_bufs, ready, empty,
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty,
               K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -160,7 +163,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, s_bufs, ready, empty, step, k_steps, right, S,
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, right, S,
                                     LHS_BLOCKS, RHS_BLOCKS, WIDE, H)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
@@ -185,18 +188,19 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 
 
 @gluon.jit
-def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, K: gl.constexpr,
+def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, K: gl.constexpr,
                       N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); out (M, N)
   through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], ROW_SCALE_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
-      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bufs, b_bufs, s_bufs, ready, empty,
-                 K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS)),
+      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
+      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs,
+                 s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS)),
   ], [4, 1], [240, 24])

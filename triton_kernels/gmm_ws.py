@@ -72,10 +72,13 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
 
 @gluon.jit
 def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
-               N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr):
+               N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
+               EXTRA_BYTES: gl.constexpr = 0):
   """The loader's TMA copies of step kk of a tile (group g, its rows from row0, column tile ni) into stage slot,
-  counted by ready_bar: the lhs halves holding rows of the group and the rhs tile."""
-  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes  # One lhs half, the rhs tile.
+  counted by ready_bar: the lhs halves holding rows of the group and the rhs tile (and EXTRA_BYTES the caller copies
+  by TMA into the stage)."""
+  # One lhs half, the rhs tile.
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + EXTRA_BYTES
   both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
   mbarrier.expect(ready_bar, half_bytes + lhs_desc.block_type.nbytes, pred=both)
   mbarrier.expect(ready_bar, half_bytes, pred=rows <= HALF)

@@ -21,8 +21,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from jgmm.triton_kernels.gmm_fp8_ws import (BLOCK, SCALE_LAYOUT, SCALES, copy_scales, row_channel_scales,
-                                            scaled_steps)
+from jgmm.triton_kernels.gmm_fp8_ws import (BLOCK, ROW_SCALE_LAYOUT, SCALE_LAYOUT, SCALES, copy_rhs_scales,
+                                            row_channel_scales, scaled_steps)
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate_boxes, release_stages
 
 
@@ -50,11 +50,12 @@ def _tile(problems_ptr, tile, slot, P_POW2: gl.constexpr):
 
 
 @gluon.jit
-def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, s_bufs, ready, empty,
+def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+            empty,
             P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr,
             RHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
   half_bytes: gl.constexpr = HALF * BLOCK
-  tile_bytes: gl.constexpr = BLOCK * BLOCK
+  tile_bytes: gl.constexpr = BLOCK * BLOCK + (4 * BLOCK if LHS_BLOCKS else 0)  # The rhs tile, the lhs scales.
   step = 0
   slot = 0
   loaded = -1  # The problem the descriptors were last made for.
@@ -68,24 +69,29 @@ def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_
     rhs_desc = tma.make_tensor_descriptor(_select(rhs_ptrs, p, P), [n, k], [k, 1], [BLOCK, BLOCK], RHS_LAYOUT)
     both = m - row0 > HALF  # Else the bottom half holds no row: its consumer skips it, so no load.
     k_steps = (k + BLOCK - 1) // BLOCK
-    sa_ptr = _select(lhs_scale_ptrs, p, P) + row0.to(gl.int64) * k_steps
+    if LHS_BLOCKS:  # lhs_scale[p] transposed, (KB_p, M_p rounded up to 4).
+      m4 = (m + 3) // 4 * 4
+      sa_desc = tma.make_tensor_descriptor(_select(lhs_scale_ptrs, p, P), [k_steps, m4], [m4, 1], [1, BLOCK],
+                                           ROW_SCALE_LAYOUT)
     sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
     for kk in range(k_steps):
       s = step % S
       mbarrier.wait(empty.index(s), ((step // S) & 1) ^ 1)
-      if LHS_BLOCKS or RHS_BLOCKS:
-        copy_scales(s_bufs.index(s), ready.index(s), sa_ptr, sb_ptr, kk, m - row0, k_steps, False, LHS_BLOCKS,
-                    RHS_BLOCKS)
+      if RHS_BLOCKS:
+        copy_rhs_scales(s_bufs.index(s), ready.index(s), sb_ptr, kk, k_steps, False)
       mbarrier.expect(ready.index(s), 2 * half_bytes + tile_bytes, pred=both)
       mbarrier.expect(ready.index(s), half_bytes + tile_bytes, pred=m - row0 <= HALF)
       _tma_load(lhs_desc, [row0, kk * BLOCK], ready.index(s), a_bufs.index(2 * s))
       _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK], ready.index(s), a_bufs.index(2 * s + 1), pred=both)
       _tma_load(rhs_desc, [col0, kk * BLOCK], ready.index(s), b_bufs.index(s))
+      if LHS_BLOCKS:
+        _tma_load(sa_desc, [kk, row0], ready.index(s), sa_bufs.index(s))
       step += 1
 
 
 @gluon.jit
-def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready, empty,
+def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty,
               P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -104,8 +110,8 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     cols = col0 + gl.arange(0, BLOCK, layout=COLS)
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, s_bufs, ready, empty, step, k_steps, False, S, LHS_BLOCKS,
-                            RHS_BLOCKS, False, H)
+      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, False, S,
+                            LHS_BLOCKS, RHS_BLOCKS, False, H)
       sa_ptrs = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
       acc = row_channel_scales(acc, sa_ptrs, _select(rhs_scale_ptrs, p, P) + cols, row_mask, cols < n, LHS_BLOCKS,
                                RHS_BLOCKS)
@@ -132,11 +138,12 @@ def grouped_matmul_fp8_ws_kernel(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_p
       lhs_ptrs[0].dtype.element_ty, [HALF, BLOCK], LHS_LAYOUT, rhs_ptrs[0].dtype.element_ty, [BLOCK, BLOCK],
       RHS_LAYOUT, out_ptrs[0].dtype.element_ty, BLOCK, S, OUT_LAYOUT)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], ROW_SCALE_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready,
-                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, s_bufs, ready,
-                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, s_bufs, ready,
-                 empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, LHS_LAYOUT, RHS_LAYOUT)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, s_bufs,
+                 ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, LHS_LAYOUT, RHS_LAYOUT)),
   ], [4, 1], [232, 40])

@@ -25,7 +25,8 @@ CASES = [("contiguous", 4, 8192, 4096, 7168), ("contiguous", 4, 8192, 7168, 2048
          ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168), ("masked", 32, 192, 4096, 7168)]
 VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages)
     "blocks_128_s4": ("1x128", "128x128", 128, 4), "blocks_256_s3": ("1x128", "128x128", 256, 3),
-    "rows_128_s4": ("row", "row", 128, 4), "rows_256_s3": ("row", "row", 256, 3)}
+    "rows_128_s4": ("row", "row", 128, 4), "rows_256_s3": ("row", "row", 256, 3),
+    "blocks_128_s5": ("1x128", "128x128", 128, 5), "rows_128_s5": ("row", "row", 128, 5)}
 try:  # The kernel before the change under test, as base_<variant>.
   sys.path.insert(0, os.path.dirname(__file__))
   import gmm_fp8_ws_base
