@@ -371,7 +371,8 @@ def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.
 
 def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device):
   """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
-  (G, NB, KB) or (G, N), schedule of row_tiles 128-row tiles (_row_tiles' format)."""
+  (G, NB, KB) or (G, N), schedule of row_tiles 128-row tiles (_row_tiles' format); block scales of lhs go to the
+  kernel tile-major (_tile_scales)."""
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value

@@ -174,6 +174,40 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, 1e-2)
 
 
+class TileScalesTest(parameterized.TestCase):
+  """backend_triton._tile_scales: gmm_fp8_ws_kernel's lhs block scales, tile-major (its TMA copies start at
+  16-byte aligned addresses whatever row a tile starts at)."""
+
+  def check(self, lhs_scale, schedule, row_tiles):
+    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), schedule, row_tiles))
+    m, kb = lhs_scale.shape
+    self.assertEqual(tiles.shape, (row_tiles * kb, 128))
+    first = np.asarray(schedule)[1 + row_tiles:1 + 2 * row_tiles]
+    for r in range(int(schedule[0])):
+      rows = first[r] + np.arange(128)
+      want = np.where((rows < m)[None, :], lhs_scale[np.minimum(rows, m - 1)].T, 0.0)
+      np.testing.assert_array_equal(tiles[r * kb:(r + 1) * kb], want)
+
+  def test_contiguous(self):
+    """Groups starting at rows no multiple of 4, an empty group, rows after the last group."""
+    m, kb = 1000, 3
+    bounds = jnp.asarray([0, 5, 5, 262, 990], jnp.int32)
+    row_tiles = -(-m // 128) + bounds.shape[0]
+    self.check(np.random.default_rng(0).random((m, kb), np.float32) + 0.5,
+               backend_triton._row_tiles(bounds, m, row_tiles), row_tiles)
+
+  def test_masked(self):
+    """max_m = 37: every group but the first starts at a row no multiple of 4."""
+    groups, max_m, kb = 5, 37, 2
+    self.check(np.random.default_rng(1).random((groups * max_m, kb), np.float32) + 0.5,
+               backend_triton._masked_row_tiles(jnp.asarray([0, 37, 1, 17, 33], jnp.int32), max_m), groups)
+
+  def test_row_scales(self):
+    """Row scales (M,) leave the kernel's lhs scale descriptor unread: a (1, 128) placeholder."""
+    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 3)
+    self.assertEqual(tiles.shape, (1, 128))
+
+
 @absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
 @absltest.skipIf(not hasattr(gmm_fp8.gmm_fp8_kernel, "cache_key"),
                  "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")

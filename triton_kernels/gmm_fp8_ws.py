@@ -3,15 +3,21 @@
 Rows of a tile's group g: out = (lhs * lhs_scale) @ (rhs[g] * rhs_scale[g]).T; lhs (rows, K) FP8, rhs (G, N, K) FP8
 viewed as (G * N, K) (K-major: Hopper's FP8 wgmma reads B only K-major), out (rows, N). Scales as gmm_fp8.py's
 (LHS_BLOCKS: lhs (rows, KB) per 1x128 block, else (rows,); RHS_BLOCKS: rhs (G, NB, KB) per 128x128 block, else
-(G, N)). Used for the contiguous gmm with K-major rhs and the masked layout (lhs (G * max_m, K)).
+(G, N)); with LHS_BLOCKS the kernel reads the lhs block scales tile-major (backend_triton._tile_scales: (R_MAX * KB,
+128), row r * KB + kb the K block kb scales of row tile r's 128 rows). Used for the contiguous gmm with K-major rhs
+and the masked layout (lhs (G * max_m, K)).
 
 gmm_ws.py's structure and code: one program per SM, its TMA loader warp, schedule and epilogue (TMA stores clipped
 to a tile's rows), two consumer warpgroups of 64 rows each; here BLOCK_K = 128 (a step is one K scale block, the
 last one partial: TMA reads zeros past K) and BLOCK_N = 128 or 256 (one or two rhs scale blocks).
 
-A consumer's main loop: each step's wgmmas start from zero in a fresh register accumulator (promotion: Hopper's FP8
-wgmma accumulates with ~14 bits, gmm_fp8.py); after the wait, the float32 accumulator takes that product scaled by
-its block scales (one FMA per element), while the other consumer's wgmmas keep the tensor cores busy (ptxas
+The loader puts a step's block scales into its stage beside the operands: the tile's 128 lhs scales by TMA (a
+(1, 128) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
+cp.async (one or two floats, each copied 64 times). A consumer's main loop: each step's wgmmas start from zero in a
+fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
+it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
+docs/perf-notes.md); after the wait, the float32 accumulator takes that product scaled by its block scales (one
+FMA per element), while the other consumer's wgmmas keep the tensor cores busy (ptxas
 serialises a wgmma whose accumulator registers are read before it completes: docs/perf-notes.md). A 256-wide tile
 does its two column halves one after the other (two float32 accumulators and one product fit the registers), so a
 step reads the lhs tile once for 256 columns. Row and channel scales multiply the accumulator once, in the
@@ -26,7 +32,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages, store_half, tile_of
+from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
+                                        store_half, tile_of)
 
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
@@ -35,7 +42,7 @@ MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (th
 # a (64,) row vector of either).
 SCALES = gl.constexpr(128)
 SCALE_LAYOUT = gl.SwizzledSharedLayout(1, 1, 1, [0])
-# A stage's lhs block scales, a (1, 128) row of lhs_scale transposed, come by TMA into unswizzled shared memory.
+# A stage's lhs block scales, a (1, 128) row of the tile-major scales, come by TMA into unswizzled shared memory.
 ROW_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
@@ -51,11 +58,12 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 
 
 @gluon.jit
-def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs,
-            ready, empty,
+def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
             LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
-  """gmm_ws's loader, each stage with its block scales (copy_scales) where the recipe has them."""
+  """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
+  operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
+  sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
@@ -70,24 +78,21 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
         if RHS_BLOCKS:
           copy_rhs_scales(s_bufs.index(slot), ready.index(slot), sb_ptr, kk, k_steps, right)
-        if LHS_BLOCKS:
-          load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
-                     BLOCK_N, BLOCK, True, sa_desc.block_type.nbytes)
+        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
+                   BLOCK_N, BLOCK, True, sa_bytes)
+        if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
           _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
-        else:
-          load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
-                     BLOCK_N, BLOCK, True)
         step += 1
 
 
 @gluon.jit
 def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
                  RHS_BLOCKS: gl.constexpr):
-  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales in s_buf (consumer
-  H's 64 lhs row scales times the rhs block scale of column half R), read while the wgmmas run, where the recipe
-  has them. The wgmma nominally reads `after` (use_acc=False ignores its value): given the accumulator updated
-  last, LLVM keeps that update before these wgmmas instead of sinking it past them (two products live at once:
-  spills)."""
+  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales where the recipe has
+  them (consumer H's 64 lhs scales in sa_buf times the rhs block scale of column half R in s_buf), read from shared
+  memory while the wgmmas run. The wgmma nominally reads `after` (use_acc=False ignores its value): given the
+  accumulator updated last, LLVM keeps that update before these wgmmas instead of sinking it past them (two
+  products live at once: spills)."""
   product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
   ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   if LHS_BLOCKS:
@@ -103,12 +108,13 @@ def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constex
 
 
 @gluon.jit
-def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, right, S: gl.constexpr,
+def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
   (_add_product per block); every stage released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
-  one after the other into acc and (if right) acc_right (two float32 accumulators and one product fit the
-  registers; a step reads the lhs tile once for 256 columns); else acc_right is returned as given."""
+  one after the other into acc and acc_right (two float32 accumulators and one product fit the registers; a step
+  reads the lhs tile once for 256 columns; a right half past N, TMA zeros or the next group's rows, is computed
+  and never stored); else acc_right is returned as given."""
   for kk in range(k_steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
@@ -140,8 +146,7 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 @gluon.jit
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
-              empty,
-              K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+              empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
@@ -163,7 +168,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, right, S,
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
                                     LHS_BLOCKS, RHS_BLOCKS, WIDE, H)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
@@ -171,7 +176,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
       step += k_steps
     if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
-      sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (the recipe without blocks).
+      sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (without LHS_BLOCKS).
       acc = row_channel_scales(acc, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
                                LHS_BLOCKS, RHS_BLOCKS)
       acc = gl.where(gl.expand_dims(row_mask, 1), acc, 0.0)
@@ -188,11 +193,13 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 
 
 @gluon.jit
-def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, K: gl.constexpr,
-                      N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
+                      K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
-  """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); out (M, N)
-  through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT)."""
+  """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
+  the tile-major lhs block scales (R_MAX * KB, 128), box (1, 128), in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only);
+  lhs_scale_ptr: the row scales (read without LHS_BLOCKS only); out (M, N) through out_ptr and descriptors made here
+  (box (64, 128), shared-memory layout OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], ROW_SCALE_LAYOUT)
@@ -201,6 +208,6 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
                    ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
       (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                    ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs,
-                 s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS)),
+      (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+                 empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS)),
   ], [4, 1], [240, 24])

@@ -3,16 +3,17 @@
 Problem p: out[p] (M_p, N_p) = (lhs[p] * lhs_scale[p]) @ (rhs[p] * rhs_scale[p]).T, lhs[p] (M_p, K_p) and rhs[p]
 (N_p, K_p) FP8 (K-major: Hopper's FP8 wgmma reads B only K-major), each its own buffer, passed as Triton tuple
 params as in grouped_matmul.py (whose problem table, slots sorted by decreasing K, this kernel reads: tiles of
-128 x 128). Scales as grouped_matmul_fp8_kernel's (LHS_BLOCKS: (M_p, KB_p) per 1x128 block, else (M_p,);
-RHS_BLOCKS: (NB_p, KB_p) per 128x128 block, else (N_p,)). Every M_p, N_p, K_p >= 1; K_p a multiple of 16 and N_p
-of 16 bytes of the output (TMA row strides).
+128 x 128). Scales as grouped_matmul_fp8_kernel's (LHS_BLOCKS: per 1x128 block, here transposed, (KB_p, M_p
+rounded up to a multiple of 4), else (M_p,); RHS_BLOCKS: (NB_p, KB_p) per 128x128 block, else (N_p,)). Every M_p,
+N_p, K_p >= 1; K_p a multiple of 16 and N_p of 16 bytes of the output (TMA row strides).
 
 gmm_fp8_ws.py's structure (a TMA loader warp, two consumer warpgroups of 64 rows, S stages of one 128-wide K scale
 block each, promotion of each block's product into the float32 accumulator with its scales) over the tiles of all
 problems: program i takes tiles i, i + programs, ...; a tile's problem is found by walking the table's tiles_end
 from the previous tile's slot (a program's tiles only move forward). With no operand in one buffer, the
-descriptors are made on the device: the loader makes lhs[p]'s and rhs[p]'s for each tile, the consumers out[p]'s
-for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale block), and its stores
+descriptors are made on the device: the loader makes lhs[p]'s and rhs[p]'s (and lhs_scale[p]'s: a step's 128 row
+scales come by TMA, the rhs block scale by cp.async, into the stage as in gmm_fp8_ws.py) for each tile, the
+consumers out[p]'s for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale block), and its stores
 clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's bytes are rewritten
 in place each tile: before it changes to another problem, the loader waits until the copies issued with the old
 one have landed (a consumer rewrites out[p]'s after its previous store completed).
@@ -110,8 +111,8 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     cols = col0 + gl.arange(0, BLOCK, layout=COLS)
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, False, S,
-                            LHS_BLOCKS, RHS_BLOCKS, False, H)
+      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S, LHS_BLOCKS,
+                            RHS_BLOCKS, False, H)
       sa_ptrs = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
       acc = row_channel_scales(acc, sa_ptrs, _select(rhs_scale_ptrs, p, P) + cols, row_mask, cols < n, LHS_BLOCKS,
                                RHS_BLOCKS)
