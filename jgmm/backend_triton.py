@@ -381,8 +381,8 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles), (1, block),
-                           layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles),
+                           (1, geometry.next_pow2(gmm_ws.BLOCK_M)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
@@ -394,15 +394,16 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
 
 def _tile_scales(lhs_scale, schedule, row_tiles):
   """gmm_fp8_ws_kernel's lhs block scales, tile-major: (row_tiles * KB, 128) float32 whose row r * KB + kb holds
-  K block kb's scales of row tile r's 128 rows (zeros past M); a step's TMA copy then starts at a 16-byte aligned
-  address, which a tile starting at any row of lhs_scale (M, KB) would not give. With row scales (M,), a (1, 128)
-  placeholder the kernel never reads."""
+  K block kb's scales of row tile r's 128 rows (zeros past M; rows of BLOCK_M rounded up to a power of 2); a step's
+  TMA copy then starts at a 16-byte aligned address, which a tile starting at any row of lhs_scale (M, KB) would
+  not give. With row scales (M,), a (1, 128) placeholder the kernel never reads."""
+  width = geometry.next_pow2(gmm_ws.BLOCK_M)
   if lhs_scale.ndim == 1:
-    return jnp.zeros((1, gmm_ws.BLOCK_M), jnp.float32)
+    return jnp.zeros((1, width), jnp.float32)
   first = schedule[1 + row_tiles:1 + 2 * row_tiles]
-  rows = first[:, None] + jnp.arange(gmm_ws.BLOCK_M, dtype=jnp.int32)[None, :]
-  tiles = jnp.take(lhs_scale, rows, axis=0, mode="fill", fill_value=0)  # (row_tiles, 128, KB)
-  return tiles.transpose(0, 2, 1).reshape(-1, gmm_ws.BLOCK_M)
+  rows = first[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+  tiles = jnp.take(lhs_scale, rows, axis=0, mode="fill", fill_value=0)  # (row_tiles, width, KB)
+  return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
 def _masked_row_tiles(masked_m, max_m):

@@ -35,6 +35,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
                                         store_half, tile_of)
 
+# cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
+_async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
+
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (three 64 x 128 fp32 accumulators).
@@ -53,7 +56,7 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
   stage's expect: cp.async.mbarrier.arrive adds its arrival to the phase the expect's TMA bytes close)."""
   i = gl.arange(0, BLOCK, layout=gl.BlockedLayout([4], [32], [1], [0]))
   upper = i >= HALF
-  async_copy.async_copy_global_to_shared(s_buf, sb_ptr + upper.to(gl.int32) * k_steps + kk, mask=(~upper) | right)
+  _async_load(s_buf, sb_ptr + upper.to(gl.int32) * k_steps + kk, mask=(~upper) | right)
   async_copy.mbarrier_arrive(ready_bar)
 
 
@@ -96,7 +99,7 @@ def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constex
   product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
   ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   if LHS_BLOCKS:
-    scale = sa_buf.reshape([BLOCK]).slice(H * HALF, HALF).load(ROWS)
+    scale = sa_buf.reshape([sa_buf.shape[1]]).slice(H * HALF, HALF).load(ROWS)
     if RHS_BLOCKS:
       scale = scale * s_buf.slice(R * HALF, HALF).load(ROWS)
   elif RHS_BLOCKS:
@@ -109,16 +112,18 @@ def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constex
 
 @gluon.jit
 def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
-                 LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr):
+                 LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr,
+                 HALVES: gl.constexpr = 2):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
-  (_add_product per block); every stage released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
+  (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] consumer H's); every stage
+  released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
   one after the other into acc and acc_right (two float32 accumulators and one product fit the registers; a step
   reads the lhs tile once for 256 columns; a right half past N, TMA zeros or the next group's rows, is computed
   and never stored); else acc_right is returned as given."""
   for kk in range(k_steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    a = a_bufs.index(2 * slot + H)
+    a = a_bufs.index(HALVES * slot + H)
     b = b_bufs.index(slot)
     s_buf = s_bufs.index(slot)
     sa_buf = sa_bufs.index(slot)
@@ -147,7 +152,8 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 @gluon.jit
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-              LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+              LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
+              HALVES: gl.constexpr = 2):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -169,7 +175,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
-                                    LHS_BLOCKS, RHS_BLOCKS, WIDE, H)
+                                    LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
     if rows > 0:

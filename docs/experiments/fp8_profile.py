@@ -1,10 +1,11 @@
 """Where gmm_fp8_ws_kernel's time goes (issue 15): its 128- and 256-wide tiles, block and rowwise scales, stages.
 
-python docs/experiments/fp8_profile.py time [VARIANT,...]
-    interleaved TFLOP/s of each variant (default: all) on each case (valid rows; each call chains the product as
-    bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named base_* runs
-    docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
-    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`)
+python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
+    interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
+    product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
+    base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
+    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* the 192-row tiles of
+    docs/experiments/gmm_fp8_ws_192.py
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
@@ -27,10 +28,12 @@ VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages)
     "blocks_128_s4": ("1x128", "128x128", 128, 4), "blocks_256_s3": ("1x128", "128x128", 256, 3),
     "rows_128_s4": ("row", "row", 128, 4), "rows_256_s3": ("row", "row", 256, 3),
     "blocks_128_s5": ("1x128", "128x128", 128, 5), "rows_128_s5": ("row", "row", 128, 5)}
+sys.path.insert(0, os.path.dirname(__file__))
+import gmm_fp8_ws_192  # noqa: E402  (192-row tiles, three consumers: m192_<variant>)
+VARIANTS |= {f"m192_{name}": v for name, v in VARIANTS.items() if name.endswith("128_s4")}
 try:  # The kernel before the change under test, as base_<variant>.
-  sys.path.insert(0, os.path.dirname(__file__))
   import gmm_fp8_ws_base
-  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items()}
+  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items() if not name.startswith("m192")}
 except ImportError:
   gmm_fp8_ws_base = None
 
@@ -49,6 +52,10 @@ def case_fns(layout, g, rows, n, k):
     if name.startswith("base_"):  # Traced here with the kernel before the change.
       with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
         f = f.trace(*args).lower().compile()
+    elif name.startswith("m192_"):  # Traced with 192-row tiles: schedule, scales and kernel.
+      with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_192), \
+          mock.patch.object(backend_triton.gmm_ws, "BLOCK_M", 192):
+        f = f.trace(*args).lower().compile()
     fns[name] = functools.partial(f, *args)
   return fns, valid, runs
 
@@ -57,6 +64,8 @@ if __name__ == "__main__":
   print(jax.devices()[0].device_kind, flush=True)
   if len(sys.argv) > 2:  # A subset of the variants, e.g. blocks_128_s4,base_blocks_128_s4
     VARIANTS = {name: VARIANTS[name] for name in sys.argv[2].split(",")}
+  if len(sys.argv) > 3:  # A subset of the cases by index, e.g. 0,2,5
+    CASES = [CASES[int(i)] for i in sys.argv[3].split(",")]
   if sys.argv[1] == "time":
     table = []
     for case in CASES:
