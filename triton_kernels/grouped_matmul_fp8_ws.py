@@ -13,8 +13,8 @@ problems: program i takes tiles i, i + programs, ...; a tile's problem is found 
 from the previous tile's slot (a program's tiles only move forward). With no operand in one buffer, the
 descriptors are made on the device: the loader makes lhs[p]'s and rhs[p]'s (and lhs_scale[p]'s: a step's 128 row
 scales come by TMA, the rhs block scale by cp.async, into the stage as in gmm_fp8_ws.py) for each tile, the
-consumers out[p]'s for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale block), and its stores
-clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's bytes are rewritten
+consumers out[p]'s for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale
+block), and its stores clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's bytes are rewritten
 in place each tile: before it changes to another problem, the loader waits until the copies issued with the old
 one have landed (a consumer rewrites out[p]'s after its previous store completed).
 """
@@ -52,9 +52,8 @@ def _tile(problems_ptr, tile, slot, P_POW2: gl.constexpr):
 
 @gluon.jit
 def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-            empty,
-            P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr,
-            RHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
+            empty, P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
   half_bytes: gl.constexpr = HALF * BLOCK
   tile_bytes: gl.constexpr = BLOCK * BLOCK + (4 * BLOCK if LHS_BLOCKS else 0)  # The rhs tile, the lhs scales.
   step = 0
@@ -92,8 +91,7 @@ def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_
 
 @gluon.jit
 def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
-              empty,
-              P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
+              empty, P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
