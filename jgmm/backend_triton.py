@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jgmm import backend_xla, config_table, ffi, quantize
+from jgmm import config as config_lib
 from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
@@ -52,14 +53,13 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
   return ffi.TensorDescriptor(lhs, lhs_block), ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block)
 
 
-def _row_tiles(bounds, m, row_tiles):
+def _row_tiles(bounds, m, row_tiles, block_m):
   """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
   (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
 
-  Tiles of gmm_ws.BLOCK_M rows cover each group's rows in turn, and the rows before the first group and after
-  the last (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, BLOCK_M) + G + 1 holds
-  them all, whatever the (sanitised) bounds."""
-  block_m = gmm_ws.BLOCK_M
+  Tiles of block_m rows cover each group's rows in turn, and the rows before the first group and after the last
+  (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, block_m) + G + 1 holds them all,
+  whatever the (sanitised) bounds."""
   num_groups = bounds.shape[0] - 1
   # Regions: rows before the groups, the groups, rows after them.
   starts = jnp.concatenate([jnp.zeros(1, jnp.int32), bounds])
@@ -88,7 +88,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      _row_tiles(bounds, m, row_tiles), m,
+      _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
       kernel=gmm_ws.gmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
@@ -371,33 +371,33 @@ def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.
 
 def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device):
   """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
-  (G, NB, KB) or (G, N), schedule of row_tiles 128-row tiles (_row_tiles' format); block scales of lhs go to the
-  kernel tile-major (_tile_scales)."""
+  (G, NB, KB) or (G, N), schedule of row_tiles tiles of config.block_m rows (_row_tiles' format); block scales of
+  lhs go to the kernel tile-major (_tile_scales)."""
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
+  halves = config.block_m // gmm_ws.HALF.value
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles),
-                           (1, geometry.next_pow2(gmm_ws.BLOCK_M)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles, config.block_m),
+                           (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
-      num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG, name="jgmm_gmm_fp8_ws",
+      num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
-      RHS_BLOCKS=rhs_scale.ndim == 3,
-      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
+      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves)
 
 
-def _tile_scales(lhs_scale, schedule, row_tiles):
-  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (row_tiles * KB, 128) float32 whose row r * KB + kb holds
-  K block kb's scales of row tile r's 128 rows (zeros past M; rows of BLOCK_M rounded up to a power of 2); a step's
-  TMA copy then starts at a 16-byte aligned address, which a tile starting at any row of lhs_scale (M, KB) would
-  not give. With row scales (M,), a (1, 128) placeholder the kernel never reads."""
-  width = geometry.next_pow2(gmm_ws.BLOCK_M)
+def _tile_scales(lhs_scale, schedule, row_tiles, block_m):
+  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (row_tiles * KB, W) float32, W = block_m rounded up to a
+  power of 2, whose row r * KB + kb holds K block kb's scales of row tile r's rows (zeros past M); a step's TMA copy
+  then starts at a 16-byte aligned address, which a tile starting at any row of lhs_scale (M, KB) would not give.
+  With row scales (M,), a (1, W) placeholder the kernel never reads."""
+  width = geometry.next_pow2(block_m)
   if lhs_scale.ndim == 1:
     return jnp.zeros((1, width), jnp.float32)
   first = schedule[1 + row_tiles:1 + 2 * row_tiles]
@@ -406,10 +406,18 @@ def _tile_scales(lhs_scale, schedule, row_tiles):
   return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
-def _masked_row_tiles(masked_m, max_m):
+def _check_plain_fp8_rows(config, call):
+  """ValueError if config asks the plain FP8 kernels (where the warp-specialised one does not run `call`) for
+  192-row tiles, which only the warp-specialised kernel has."""
+  if config.block_m == config_lib.ROWS_192:
+    raise ValueError(f"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel only, which does not take "
+                     f"this call ({call}, config {config}): it needs sm_90, block_n = block_k = 128, K a multiple "
+                     f"of 16 and output rows of 16-byte multiples; use a power of two")
+
+
+def _masked_row_tiles(masked_m, max_m, block_m):
   """gmm_fp8_ws_kernel's schedule (_row_tiles' format) of the masked layout viewed as G * max_m rows: per group,
-  one tile per 128 of its max_m rows, holding the rows < masked_m[g] of the group (none: a tile of zeros)."""
-  block_m = gmm_ws.BLOCK_M
+  one tile per block_m of its max_m rows, holding the rows < masked_m[g] of the group (none: a tile of zeros)."""
   m_tiles = geometry.cdiv(max_m, block_m)
   r = jnp.arange(masked_m.shape[0] * m_tiles, dtype=jnp.int32)
   group, first = r // m_tiles, r % m_tiles * block_m
@@ -434,9 +442,10 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
     return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                                out_dtype=out_dtype, config=None)
   if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype):
-    row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
-    return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles), row_tiles, lhs_scale, rhs_scale, out_dtype,
-                       config, device)
+    row_tiles = geometry.cdiv(m, config.block_m) + num_groups + 1
+    return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles, config.block_m), row_tiles, lhs_scale, rhs_scale,
+                       out_dtype, config, device)
+  _check_plain_fp8_rows(config, f"FP8 gmm of lhs {lhs.shape}, rhs {rhs.shape}")
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
   use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
   return ffi.triton_call(
@@ -464,10 +473,12 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)
   if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, out_dtype):
-    row_tiles = num_groups * geometry.cdiv(max_m, gmm_ws.BLOCK_M)
-    out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, _masked_row_tiles(masked_m, max_m), row_tiles,
+    row_tiles = num_groups * geometry.cdiv(max_m, config.block_m)
+    schedule = _masked_row_tiles(masked_m, max_m, config.block_m)
+    out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, schedule, row_tiles,
                       x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device)
     return out.reshape(num_groups, max_m, n)
+  _check_plain_fp8_rows(config, f"FP8 masked_gmm of x {x.shape}, w {w.shape}")
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
   use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(

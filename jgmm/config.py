@@ -2,13 +2,16 @@
 import dataclasses
 
 _POWERS_OF_TWO = tuple(2**i for i in range(4, 10))  # 16 .. 512
+ROWS_192 = 192  # block_m of the warp-specialised FP8 kernel's three-consumer tiles (Config's only other value).
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Tiling of one op.
 
-  block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2).
+  block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2; block_m
+    may also be 192 for FP8 gmm with K-major rhs and FP8 masked_gmm: the warp-specialised FP8 kernel's 192 x 128
+    tiles, three consumer warpgroups, where it applies, an error elsewhere).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
   persistent: programs_per_sm programs per SM looping over tiles (True) or one program per tile (False).
   programs_per_sm: the persistent grid's programs per SM (1..4; gmm and tgmm). 2 pays where two programs'
@@ -24,7 +27,8 @@ class Config:
     bias, activation or existing_out, block_m 128, K a multiple of block_k unless rhs is transposed. num_stages
     is its ring of shared-memory stages; num_warps and programs_per_sm do not apply. Elsewhere gmm_kernel runs
     with this config. FP8 gmm with K-major rhs (transpose_rhs) and FP8 masked_gmm: the warp-specialised FP8
-    kernel (triton_kernels/gmm_fp8_ws.py) where block_m and block_k are 128, block_n 128 or 256, K a multiple of
+    kernel (triton_kernels/gmm_fp8_ws.py) where block_k is 128 and (block_m, block_n) is (128, 128), (128, 256)
+    or (192, 128), K a multiple of
     16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8 tgmm with lhs (K, M) and rhs (N, M):
     the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128 or 256) where M is a multiple of
     16, K and N of 4 and the output's rows 16-byte multiples.
@@ -48,8 +52,9 @@ class Config:
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):
-      if getattr(self, name) not in _POWERS_OF_TWO:
-        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}, got {getattr(self, name)!r}")
+      if getattr(self, name) not in _POWERS_OF_TWO + ((ROWS_192,) if name == "block_m" else ()):
+        raise ValueError(f"config.{name} must be a power of two in {_POWERS_OF_TWO}"
+                         f"{' (or 192)' if name == 'block_m' else ''}, got {getattr(self, name)!r}")
     if self.num_warps not in (1, 2, 4, 8, 16):
       raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
     if not 1 <= self.num_stages <= 8:
@@ -58,13 +63,17 @@ class Config:
       raise ValueError(f"config.programs_per_sm must be an int in [1, 4], got {self.programs_per_sm!r}")
 
 
-def as_config(config):
-  """Returns `config` (a Config, a dict of Config fields, or None) as a Config or None."""
-  if config is None or isinstance(config, Config):
-    return config
+def as_config(config, rows_192=False):
+  """Returns `config` (a Config, a dict of Config fields, or None) as a Config or None; rows_192: whether the op
+  takes block_m = 192 (FP8 gmm with K-major rhs and FP8 masked_gmm), a ValueError else."""
   if isinstance(config, dict):
     unknown = set(config) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
       raise ValueError(f"config has unknown keys {sorted(unknown)}; expected fields of jgmm.Config")
-    return Config(**config)
-  raise TypeError(f"config must be a jgmm.Config, a dict or None, got {type(config).__name__}")
+    config = Config(**config)
+  elif config is not None and not isinstance(config, Config):
+    raise TypeError(f"config must be a jgmm.Config, a dict or None, got {type(config).__name__}")
+  if config is not None and config.block_m == ROWS_192 and not rows_192:
+    raise ValueError("config.block_m = 192 applies to FP8 gmm with transpose_rhs=True and FP8 masked_gmm only (the "
+                     "warp-specialised FP8 kernel's 192-row tiles); use a power of two here")
+  return config

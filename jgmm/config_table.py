@@ -59,10 +59,11 @@ from typing import NamedTuple
 from absl import logging
 
 from jgmm import capture
-from jgmm.config import Config
+from jgmm.config import Config, as_config
 
 SCHEMA = 2
 OPS = ("gmm", "gmm_t", "tgmm", "masked", "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
+ROWS_192_OPS = ("gmm_t_fp8", "masked_fp8")  # Those whose configs may have block_m = 192 (Config's docstring).
 BACKENDS = ("triton", "xla")
 MAX_DISTANCE = 2.0  # e.g. one size 4x off, or two sizes 2x off.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
@@ -188,7 +189,7 @@ def _parse_entry(fields):
     if unknown:
       raise ValueError(f"config has unknown fields {unknown}")
     try:
-      config = Config(**fields["config"])
+      config = as_config(fields["config"], key.op in ROWS_192_OPS)
     except (TypeError, ValueError) as e:
       raise ValueError(f"invalid config: {e}") from None
   return Entry(key, fields["backend"], config, **{name: fields[name] for name in _MEASURED})
@@ -338,7 +339,7 @@ def _env_config(text):
     raise ValueError(f"{_ENV_CONFIG} must be a JSON object of jgmm.Config fields, got {text!r}: {e}") from e
   if not isinstance(fields, dict):
     raise ValueError(f"{_ENV_CONFIG} must be a JSON object of jgmm.Config fields, got {text!r}")
-  return Config(**fields)
+  return as_config(fields)  # For every kernel call: no block_m = 192 (the FP8 ws kernel's only).
 
 
 @functools.cache

@@ -298,7 +298,7 @@ def _launch_fp8_ws(lhs, rhs, scales, shapes, out_dtype, config, device, flags):
   return ffi.triton_call(
       tuple(lhs), tuple(rhs), *map(tuple, scales), jnp.asarray(table), kernel=kernels.grouped_matmul_fp8_ws_kernel,
       out_shape=[tuple(jax.ShapeDtypeStruct((m, n), out_dtype) for m, n, _ in shapes)],
-      grid=(min(num_tiles, device.num_sms),), num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG,
+      grid=(min(num_tiles, device.num_sms),), num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[2],
       name="jgmm_grouped_matmul_fp8_ws", P=len(shapes), P_POW2=table.shape[1], NUM_TILES=num_tiles,
       S=config.num_stages, LHS_LAYOUT=gmm_ws.shared_layout((half, block), lhs[0].dtype.name),
       RHS_LAYOUT=gmm_ws.shared_layout((block, block), rhs[0].dtype.name),

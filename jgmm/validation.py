@@ -174,7 +174,8 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
     _shape("existing_out", existing_out, (m, out_n), "(M, N_out)")
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
-  return m, k, n, out_n, out_dtype, _precision(precision), config_lib.as_config(config), _backend(backend)
+  return (m, k, n, out_n, out_dtype, _precision(precision), config_lib.as_config(config, fp8 and transpose_rhs),
+          _backend(backend))
 
 
 def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_element_type, group_offset,
@@ -231,7 +232,7 @@ def check_masked_gmm(x, w, masked_m, preferred_element_type, expected_m, precisi
   _int_array("masked_m", masked_m, 1, "(G,)")
   _shape("masked_m", masked_m, (num_groups,), "(G,)")
   _nonneg_int("expected_m", expected_m)
-  return (_out_dtype(preferred_element_type, x.dtype), _precision(precision), config_lib.as_config(config),
+  return (_out_dtype(preferred_element_type, x.dtype), _precision(precision), config_lib.as_config(config, fp8),
           _backend(backend))
 
 

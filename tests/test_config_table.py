@@ -98,6 +98,9 @@ class LookupTest(TableTestBase):
     os.environ["JGMM_CONFIG"] = "[1]"
     with self.assertRaisesRegex(ValueError, "JGMM_CONFIG must be a JSON object"):
       self.select(key())
+    os.environ["JGMM_CONFIG"] = json.dumps({"block_m": 192})  # For every kernel: not the FP8 ws kernel's rows.
+    with self.assertRaisesRegex(ValueError, "config.block_m = 192 applies to FP8 gmm"):
+      self.select(key())
 
   def test_earlier_files_win_and_user_files_beat_the_shipped_table(self):
     shipped = config_table.shipped_table("sm90")
@@ -218,6 +221,8 @@ class DamagedFileTest(TableTestBase):
     self.assert_error(table({**self.good(), "backend": "xla"}), r"entry 1 .*config must be .* null with 'xla'")
     bad_tile = {**self.good(), "rows": 128, "config": {**self.good()["config"], "block_m": 48}}
     self.assert_error(table(bad_tile), r"entry 1 .*invalid config: config.block_m must be a power of two")
+    rows_192 = {**self.good(), "rows": 128, "config": {**self.good()["config"], "block_m": 192}}
+    self.assert_error(table(rows_192), r"entry 1 .*invalid config: config.block_m = 192 applies to FP8 gmm")
     self.assert_error(table({**self.good(), "rows": 128, "config": {"block_m": 64, "tile": 1}}),
                       r"entry 1 .*config has unknown fields \['tile'\]")
     self.assert_error(table(self.good()), r"entry 1: key .* appears twice")

@@ -176,36 +176,40 @@ class InterpretedFp8Test(Fp8KernelTestBase):
 
 class TileScalesTest(parameterized.TestCase):
   """backend_triton._tile_scales: gmm_fp8_ws_kernel's lhs block scales, tile-major (its TMA copies start at
-  16-byte aligned addresses whatever row a tile starts at)."""
+  16-byte aligned addresses whatever row a tile starts at), for tiles of 128 and 192 rows."""
 
-  def check(self, lhs_scale, schedule, row_tiles):
-    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), schedule, row_tiles))
+  def check(self, lhs_scale, schedule, row_tiles, block_m):
+    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), schedule, row_tiles, block_m))
     m, kb = lhs_scale.shape
-    self.assertEqual(tiles.shape, (row_tiles * kb, 128))
+    width = 128 if block_m == 128 else 256  # A power of 2.
+    self.assertEqual(tiles.shape, (row_tiles * kb, width))
     first = np.asarray(schedule)[1 + row_tiles:1 + 2 * row_tiles]
     for r in range(int(schedule[0])):
-      rows = first[r] + np.arange(128)
+      rows = first[r] + np.arange(width)
       want = np.where((rows < m)[None, :], lhs_scale[np.minimum(rows, m - 1)].T, 0.0)
       np.testing.assert_array_equal(tiles[r * kb:(r + 1) * kb], want)
 
-  def test_contiguous(self):
+  @parameterized.parameters(128, 192)
+  def test_contiguous(self, block_m):
     """Groups starting at rows no multiple of 4, an empty group, rows after the last group."""
     m, kb = 1000, 3
     bounds = jnp.asarray([0, 5, 5, 262, 990], jnp.int32)
-    row_tiles = -(-m // 128) + bounds.shape[0]
+    row_tiles = -(-m // block_m) + bounds.shape[0]
     self.check(np.random.default_rng(0).random((m, kb), np.float32) + 0.5,
-               backend_triton._row_tiles(bounds, m, row_tiles), row_tiles)
+               backend_triton._row_tiles(bounds, m, row_tiles, block_m), row_tiles, block_m)
 
-  def test_masked(self):
-    """max_m = 37: every group but the first starts at a row no multiple of 4."""
-    groups, max_m, kb = 5, 37, 2
-    self.check(np.random.default_rng(1).random((groups * max_m, kb), np.float32) + 0.5,
-               backend_triton._masked_row_tiles(jnp.asarray([0, 37, 1, 17, 33], jnp.int32), max_m), groups)
+  @parameterized.parameters(128, 192)
+  def test_masked(self, block_m):
+    """max_m = 37 (every group but the first starts at a row no multiple of 4), and 300 (tiles past max_m)."""
+    for groups, max_m, kb in ((5, 37, 2), (3, 300, 2)):
+      masked_m = jnp.asarray([0, max_m, 1, 17, 33][:groups], jnp.int32)
+      self.check(np.random.default_rng(1).random((groups * max_m, kb), np.float32) + 0.5,
+                 backend_triton._masked_row_tiles(masked_m, max_m, block_m), groups * -(-max_m // block_m), block_m)
 
   def test_row_scales(self):
-    """Row scales (M,) leave the kernel's lhs scale descriptor unread: a (1, 128) placeholder."""
-    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 3)
-    self.assertEqual(tiles.shape, (1, 128))
+    """Row scales (M,) leave the kernel's lhs scale descriptor unread: a (1, W) placeholder."""
+    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 3, 192)
+    self.assertEqual(tiles.shape, (1, 256))
 
 
 @absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
@@ -253,14 +257,21 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
                                    tma=True))  # A config's TMA loads, or the default there: WS.
 
   @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200),
-                         config=(WS, dataclasses.replace(WS, block_n=256, num_stages=3), None))
+                         config=(WS, dataclasses.replace(WS, block_n=256, num_stages=3),
+                                 dataclasses.replace(WS, block_m=192), None))
   def test_warp_specialized(self, recipes, masked, k, config):
-    """WS (128 or 256 wide), and the default config (heuristic) of these shapes: gmm_fp8_ws_kernel where the rows of
-    lhs and rhs are 16-byte multiples for TMA (K % 16 == 0); the plain kernel with the same config elsewhere."""
+    """WS (128 x 128, 128 x 256 or 192 x 128 tiles), and the default config (heuristic) of these shapes:
+    gmm_fp8_ws_kernel where the rows of lhs and rhs are 16-byte multiples for TMA (K % 16 == 0); the plain kernel
+    with the same config elsewhere, which has no 192-row tiles: a ValueError naming the config."""
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
     g, rows, n, kb = 4, 1000, 4096, -(-k // 128)
     lhs_scale = (rows,) if recipes[0] == "row" else (rows, kb)
     rhs = (s((g, n, k), f8), s((g, n) if recipes[1] == "row" else (g, 32, kb), jnp.float32))
+    if config is not None and config.block_m == 192 and k % 16:
+      with self.assertRaisesRegex(ValueError, r"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel"):
+        self.ptx(lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=True, out_dtype=jnp.bfloat16, config=config),
+                 s((rows, k), f8), rhs[0], s((g + 1,), jnp.int32), s(lhs_scale, jnp.float32), rhs[1])
+      return
     with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
       if masked:
         fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=None, config=config)
@@ -406,11 +417,11 @@ class GpuFp8Test(Fp8KernelTestBase):
     jnp.full(out.shape, jnp.nan, out.dtype).block_until_ready().delete()
     return fn(*args)
 
-  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES, block_n=(128, 256))
-  def test_warp_specialized_masked(self, k, recipes, block_n):
-    """gmm_fp8_ws_kernel (where K % 16 == 0; the plain kernel with the same config else): masked_m of 0, max_m,
-    random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding NaN data and scales, row
-    tiles past max_m and column tiles past N, the last K block partial."""
+  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES, tile=((128, 128), (128, 256), (192, 128)))
+  def test_warp_specialized_masked(self, k, recipes, tile):
+    """gmm_fp8_ws_kernel (where K % 16 == 0; the plain kernel with the same config else, a ValueError for 192-row
+    tiles): masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding
+    NaN data and scales, row tiles past max_m and column tiles past N, the last K block partial."""
     groups, max_m, n = 6, 300, 1000
     x, x_scale = self.quantized((groups, max_m, k), recipes[0])
     w, w_scale = self.quantized((groups, n, k), recipes[1])
@@ -420,27 +431,37 @@ class GpuFp8Test(Fp8KernelTestBase):
     past = jnp.asarray(np.arange(max_m)[None, :] >= valid[:, None])
     x_nan = jnp.where(past[..., None], jnp.nan, x.astype(jnp.float32)).astype(x.dtype)
     x_scale_nan = jnp.where(past.reshape(past.shape + (1,) * (x_scale.ndim - 2)), jnp.nan, x_scale)
-    config = dataclasses.replace(WS, block_n=block_n, num_stages=4 if block_n == 128 else 3)
+    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile[1] == 128 else 3)
     fn = jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], preferred_element_type=jnp.float32,
                                             config=config))
+    if tile[0] == 192 and k % 16:
+      with self.assertRaisesRegex(ValueError, r"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel"):
+        fn(x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale)
+      return
     with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
       out = np.asarray(self.poisoned(fn, x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
 
-  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104))
-  def test_warp_specialized_gmm(self, k, recipes, n):
-    """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128- and 256-wide tiles: an empty group, groups ending
-    inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with no right half."""
+  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104), block_m=(128, 192))
+  def test_warp_specialized_gmm(self, k, recipes, n, block_m):
+    """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles: an empty
+    group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with no
+    right half. K = 7 runs the plain kernel (a ValueError for 192-row tiles)."""
     m, groups = 1000, 6
     config = dataclasses.replace(WS, block_n=256, num_stages=3) if n == 1104 else WS
+    config = dataclasses.replace(WS, block_m=192) if block_m == 192 else config
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
     sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)
     sizes[2] = 0
     fn = jax.jit(lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
                                      preferred_element_type=jnp.float32, config=config))
+    if block_m == 192 and k % 16:
+      with self.assertRaisesRegex(ValueError, r"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel"):
+        fn(lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale)
+      return
     with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
       out = np.asarray(self.poisoned(fn, lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)

@@ -137,7 +137,9 @@ CASES = [
     ("gmm_config_unknown_key", _gmm(config={"block_q": 64}), ValueError,
      r"config has unknown keys \['block_q'\]; expected fields of jgmm.Config"),
     ("gmm_config_block_not_power_of_two", _gmm(config={"block_m": 100}), ValueError,
-     r"config.block_m must be a power of two in \(16, 32, 64, 128, 256, 512\), got 100"),
+     r"config.block_m must be a power of two in \(16, 32, 64, 128, 256, 512\) \(or 192\), got 100"),
+    ("gmm_config_rows_192_bf16", _gmm(config={"block_m": 192}), ValueError,
+     r"config.block_m = 192 applies to FP8 gmm with transpose_rhs=True and FP8 masked_gmm only"),
     ("gmm_config_num_warps_3", _gmm(config={"num_warps": 3}), ValueError,
      r"config.num_warps must be one of 1, 2, 4, 8, 16, got 3"),
     ("gmm_config_string", _gmm(config="fast"), TypeError, r"config must be a jgmm.Config, a dict or None, got str"),
@@ -180,6 +182,7 @@ CASES = [
     ("tgmm_preferred_int8", _tgmm(preferred_element_type=jnp.int8), TypeError,
      r"preferred_element_type must be float32, bfloat16 or float16 or None, got int8"),
     ("tgmm_backend_unknown", _tgmm(backend="gpu"), ValueError, r"backend must be None, 'triton' or 'xla', got 'gpu'"),
+    ("tgmm_config_rows_192", _tgmm(config={"block_m": 192}), ValueError, r"config.block_m = 192 applies to FP8 gmm"),
     ("tgmm_config_bad_type", _tgmm(config=["block_m", 64]), TypeError,
      r"config must be a jgmm.Config, a dict or None, got list"),
     # masked_gmm.
@@ -209,6 +212,8 @@ CASES = [
      r"preferred_element_type must be float32, bfloat16 or float16 or None, got bool"),
     ("masked_backend_unknown", _masked(backend="pallas"), ValueError,
      r"backend must be None, 'triton' or 'xla', got 'pallas'"),
+    ("masked_config_rows_192_bf16", _masked(config={"block_m": 192}), ValueError,
+     r"config.block_m = 192 applies to FP8 gmm with transpose_rhs=True and FP8 masked_gmm only"),
     ("masked_config_num_stages", _masked(config={"num_stages": 0}), ValueError,
      r"config.num_stages must be an int in \[1, 8\], got 0"),
     # ragged_dot (the drop-in) goes through the same checks.

@@ -8,11 +8,14 @@ viewed as (G * N, K) (K-major: Hopper's FP8 wgmma reads B only K-major), out (ro
 and the masked layout (lhs (G * max_m, K)).
 
 gmm_ws.py's structure and code: one program per SM, its TMA loader warp, schedule and epilogue (TMA stores clipped
-to a tile's rows), two consumer warpgroups of 64 rows each; here BLOCK_K = 128 (a step is one K scale block, the
-last one partial: TMA reads zeros past K) and BLOCK_N = 128 or 256 (one or two rhs scale blocks).
+to a tile's rows), consumer warpgroups of 64 rows each; here BLOCK_K = 128 (a step is one K scale block, the last
+one partial: TMA reads zeros past K), and tiles of 128 rows (HALVES = 2: two consumers at 240 registers) by
+BLOCK_N = 128 or 256 (one or two rhs scale blocks), or of 192 rows (HALVES = 3: three consumers at 160 registers)
+by 128, which reads 17% fewer bytes per FLOP than 128 x 128 where the L2's bandwidth bounds the kernel
+(docs/perf-notes.md).
 
-The loader puts a step's block scales into its stage beside the operands: the tile's 128 lhs scales by TMA (a
-(1, 128) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
+The loader puts a step's block scales into its stage beside the operands: the tile's lhs scales by TMA (a (1, 128)
+or (1, 256) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
 cp.async (one or two floats, each copied 64 times). A consumer's main loop: each step's wgmmas start from zero in a
 fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
 it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
@@ -24,8 +27,8 @@ step reads the lhs tile once for 256 columns. Row and channel scales multiply th
 epilogue. A tile's rows past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their
 operands or scales hold.
 
-schedule: gmm_ws's (1 + 4 R_MAX,) int32 (per 128-row tile: group, first row, rows of the group, rows to store);
-backend_triton builds one for the masked layout too (a tile per 128 of each group's max_m rows).
+schedule: gmm_ws's (1 + 4 R_MAX,) int32 (per row tile of 64 HALVES rows: group, first row, rows of the group, rows
+to store); backend_triton builds one for the masked layout too (a tile per 64 HALVES of each group's max_m rows).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,7 +43,9 @@ _async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_
 
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
-MAXNREG = 168  # Registers per thread at launch; the consumers then take 240 (three 64 x 128 fp32 accumulators).
+# Registers per thread at launch, by HALVES (12 or 16 warps fill the register file); then two consumers take 240
+# (three 64 x 128 fp32 accumulators at 256 wide) or three take 160 (two), the loader 24.
+MAXNREG = {2: 168, 3: 128}
 # A stage's rhs block scales (float32): of the left and of the right 128 columns, 64 copies each (a consumer reads
 # a (64,) row vector of either).
 SCALES = gl.constexpr(128)
@@ -63,7 +68,7 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
   """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
   operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
@@ -82,7 +87,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
         if RHS_BLOCKS:
           copy_rhs_scales(s_bufs.index(slot), ready.index(slot), sb_ptr, kk, k_steps, right)
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
-                   BLOCK_N, BLOCK, True, sa_bytes)
+                   BLOCK_N, BLOCK, True, sa_bytes, HALVES)
         if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
           _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
         step += 1
@@ -113,7 +118,7 @@ def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constex
 @gluon.jit
 def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr,
-                 HALVES: gl.constexpr = 2):
+                 HALVES: gl.constexpr):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
   (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] consumer H's); every stage
   released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
@@ -153,7 +158,7 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
-              HALVES: gl.constexpr = 2):
+              HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -201,19 +206,33 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 @gluon.jit
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-                      LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+                      LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+                      HALVES: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
-  the tile-major lhs block scales (R_MAX * KB, 128), box (1, 128), in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only);
-  lhs_scale_ptr: the row scales (read without LHS_BLOCKS only); out (M, N) through out_ptr and descriptors made here
-  (box (64, 128), shared-memory layout OUT_LAYOUT)."""
-  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
+  the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
+  2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
+  out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
+  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
-  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], ROW_SCALE_LAYOUT)
-  gl.warp_specialize([
-      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                   ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
-      (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                   ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                 empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS)),
-  ], [4, 1], [240, 24])
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
+  if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
+    gl.warp_specialize([
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
+    ], [4, 1], [240, 24])
+  else:
+    gl.warp_specialize([
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
+    ], [4, 4, 1], [160, 160, 24])

@@ -73,17 +73,25 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
 @gluon.jit
 def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
                N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-               EXTRA_BYTES: gl.constexpr = 0):
+               EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2):
   """The loader's TMA copies of step kk of a tile (group g, its rows from row0, column tile ni) into stage slot,
-  counted by ready_bar: the lhs halves holding rows of the group and the rhs tile (and EXTRA_BYTES the caller copies
-  by TMA into the stage)."""
-  # One lhs half, the rhs tile.
-  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + EXTRA_BYTES
-  both = rows > HALF  # Else the bottom half holds no row of the group: its consumer skips it, so no load.
-  mbarrier.expect(ready_bar, half_bytes + lhs_desc.block_type.nbytes, pred=both)
-  mbarrier.expect(ready_bar, half_bytes, pred=rows <= HALF)
-  _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot))
-  _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
+  counted by ready_bar: the tile's lhs halves of 64 rows (HALVES of them, a_bufs[HALVES * slot + h]) that hold rows
+  of the group (a consumer whose half holds none skips it, so no load), the rhs tile (and EXTRA_BYTES the caller
+  copies by TMA into the stage)."""
+  half: gl.constexpr = lhs_desc.block_type.nbytes
+  base: gl.constexpr = rhs_desc.block_type.nbytes + EXTRA_BYTES
+  for i in gl.static_range(HALVES):  # One expect fires: the bytes of the HALVES - i halves holding rows.
+    if i == 0:
+      mbarrier.expect(ready_bar, base + HALVES * half, pred=rows > (HALVES - 1) * HALF)
+    elif i == HALVES - 1:
+      mbarrier.expect(ready_bar, base + half, pred=rows <= HALF)
+    else:
+      mbarrier.expect(ready_bar, base + (HALVES - i) * half,
+                      pred=(rows > (HALVES - 1 - i) * HALF) & (rows <= (HALVES - i) * HALF))
+  _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot))
+  for h in gl.static_range(1, HALVES):
+    _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h),
+              pred=rows > h * HALF)
   if TRANSPOSE_RHS:
     _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
   else:
@@ -91,28 +99,29 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
 
 
 @gluon.jit
-def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
-  """A program's shared memory: S stages of two lhs halves and one rhs tile (the descriptors' boxes), both
-  consumers' output halves, and the stages' `ready` (the loader's bytes landed) and `empty` (both consumers are
-  done) mbarriers."""
+def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+             HALVES: gl.constexpr = 2):
+  """A program's shared memory: S stages of HALVES lhs halves and one rhs tile (the descriptors' boxes), an output
+  half per consumer, and the stages' `ready` (the loader's bytes landed) and `empty` (every consumer is done)
+  mbarriers."""
   return allocate_boxes(lhs_desc.dtype, gl.constexpr(lhs_desc.block_type.shape), gl.constexpr(lhs_desc.layout),
                         rhs_desc.dtype, gl.constexpr(rhs_desc.block_type.shape), gl.constexpr(rhs_desc.layout),
-                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT)
+                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT, HALVES)
 
 
 @gluon.jit
 def allocate_boxes(lhs_dtype: gl.constexpr, LHS_BOX: gl.constexpr, LHS_LAYOUT: gl.constexpr, rhs_dtype: gl.constexpr,
                    RHS_BOX: gl.constexpr, RHS_LAYOUT: gl.constexpr, out_dtype: gl.constexpr, BLOCK_N: gl.constexpr,
-                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr = 2):
   """allocate's buffers and barriers for lhs halves of LHS_BOX and rhs tiles of RHS_BOX (lists of two sizes)."""
-  a_bufs = gl.allocate_shared_memory(lhs_dtype, [2 * S] + LHS_BOX, LHS_LAYOUT)
+  a_bufs = gl.allocate_shared_memory(lhs_dtype, [HALVES * S] + LHS_BOX, LHS_LAYOUT)
   b_bufs = gl.allocate_shared_memory(rhs_dtype, [S] + RHS_BOX, RHS_LAYOUT)
-  c_bufs = gl.allocate_shared_memory(out_dtype, [2, HALF, BLOCK_N], OUT_LAYOUT)
+  c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):
     mbarrier.init(ready.index(s), count=1)
-    mbarrier.init(empty.index(s), count=2)  # Both consumers release a stage.
+    mbarrier.init(empty.index(s), count=HALVES)  # Every consumer releases a stage.
   return a_bufs, b_bufs, c_bufs, ready, empty
 
 

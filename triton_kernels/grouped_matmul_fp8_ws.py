@@ -14,9 +14,9 @@ from the previous tile's slot (a program's tiles only move forward). With no ope
 descriptors are made on the device: the loader makes lhs[p]'s and rhs[p]'s (and lhs_scale[p]'s: a step's 128 row
 scales come by TMA, the rhs block scale by cp.async, into the stage as in gmm_fp8_ws.py) for each tile, the
 consumers out[p]'s for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale
-block), and its stores clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's bytes are rewritten
-in place each tile: before it changes to another problem, the loader waits until the copies issued with the old
-one have landed (a consumer rewrites out[p]'s after its previous store completed).
+block), and its stores clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's
+bytes are rewritten in place each tile: before it changes to another problem, the loader waits until the copies
+issued with the old one have landed (a consumer rewrites out[p]'s after its previous store completed).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -110,7 +110,7 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
       acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S, LHS_BLOCKS,
-                            RHS_BLOCKS, False, H)
+                            RHS_BLOCKS, False, H, 2)
       sa_ptrs = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
       acc = row_channel_scales(acc, sa_ptrs, _select(rhs_scale_ptrs, p, P) + cols, row_mask, cols < n, LHS_BLOCKS,
                                RHS_BLOCKS)

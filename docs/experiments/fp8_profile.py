@@ -4,8 +4,7 @@ python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
     interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
     product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
     base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
-    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* the 192-row tiles of
-    docs/experiments/gmm_fp8_ws_192.py
+    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* 192-row tiles
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
@@ -24,16 +23,15 @@ from jgmm.config import Config
 
 CASES = [("contiguous", 4, 8192, 4096, 7168), ("contiguous", 4, 8192, 7168, 2048), ("contiguous", 8, 4096, 4096, 7168),
          ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168), ("masked", 32, 192, 4096, 7168)]
-VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages)
-    "blocks_128_s4": ("1x128", "128x128", 128, 4), "blocks_256_s3": ("1x128", "128x128", 256, 3),
-    "rows_128_s4": ("row", "row", 128, 4), "rows_256_s3": ("row", "row", 256, 3),
-    "blocks_128_s5": ("1x128", "128x128", 128, 5), "rows_128_s5": ("row", "row", 128, 5)}
-sys.path.insert(0, os.path.dirname(__file__))
-import gmm_fp8_ws_192  # noqa: E402  (192-row tiles, three consumers: m192_<variant>)
-VARIANTS |= {f"m192_{name}": v for name, v in VARIANTS.items() if name.endswith("128_s4")}
+VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages, block_m)
+    "blocks_128_s4": ("1x128", "128x128", 128, 4, 128), "blocks_256_s3": ("1x128", "128x128", 256, 3, 128),
+    "rows_128_s4": ("row", "row", 128, 4, 128), "rows_256_s3": ("row", "row", 256, 3, 128),
+    "blocks_128_s5": ("1x128", "128x128", 128, 5, 128), "rows_128_s5": ("row", "row", 128, 5, 128),
+    "m192_blocks_128_s4": ("1x128", "128x128", 128, 4, 192), "m192_rows_128_s4": ("row", "row", 128, 4, 192)}
 try:  # The kernel before the change under test, as base_<variant>.
+  sys.path.insert(0, os.path.dirname(__file__))
   import gmm_fp8_ws_base
-  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items() if not name.startswith("m192")}
+  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items() if v[4] == 128}
 except ImportError:
   gmm_fp8_ws_base = None
 
@@ -45,16 +43,12 @@ def case_fns(layout, g, rows, n, k):
   gs = jnp.asarray(groups)
   runs = bench_fp8._runs(valid, n, k)
   fns = {}
-  for name, (xr, wr, block_n, stages) in VARIANTS.items():
+  for name, (xr, wr, block_n, stages, block_m) in VARIANTS.items():
     args = (*quantize.quantize(x, xr), *quantize.quantize(w, wr), gs)
-    config = Config(block_m=128, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
+    config = Config(block_m=block_m, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
     f = bench_fp8._chained(bench_fp8._product(layout, rows, config), runs)
     if name.startswith("base_"):  # Traced here with the kernel before the change.
       with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
-        f = f.trace(*args).lower().compile()
-    elif name.startswith("m192_"):  # Traced with 192-row tiles: schedule, scales and kernel.
-      with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_192), \
-          mock.patch.object(backend_triton.gmm_ws, "BLOCK_M", 192):
         f = f.trace(*args).lower().compile()
     fns[name] = functools.partial(f, *args)
   return fns, valid, runs
