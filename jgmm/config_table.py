@@ -63,7 +63,8 @@ from jgmm.config import Config, as_config
 
 SCHEMA = 2
 OPS = ("gmm", "gmm_t", "tgmm", "masked", "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
-ROWS_192_OPS = ("gmm_t_fp8", "masked_fp8")  # Those whose configs may have block_m = 192 (Config's docstring).
+# The ops of the warp-specialised FP8 gmm kernel (K-major rhs), the only ones whose configs may have block_m = 192.
+FP8_WS_OPS = ("gmm_t_fp8", "masked_fp8")
 BACKENDS = ("triton", "xla")
 MAX_DISTANCE = 2.0  # e.g. one size 4x off, or two sizes 2x off.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
@@ -189,7 +190,7 @@ def _parse_entry(fields):
     if unknown:
       raise ValueError(f"config has unknown fields {unknown}")
     try:
-      config = as_config(fields["config"], key.op in ROWS_192_OPS)
+      config = as_config(fields["config"], key.op in FP8_WS_OPS)
     except (TypeError, ValueError) as e:
       raise ValueError(f"invalid config: {e}") from None
   return Entry(key, fields["backend"], config, **{name: fields[name] for name in _MEASURED})
@@ -405,7 +406,7 @@ def heuristic(op, dtype, rows_per_group, k, n):
     if op == "tgmm_fp8":  # Warp-specialised where the operands are M-contiguous (fp8 tgmm's fast layout).
       config = Config(block_m=128, block_n=256 if n > 128 else 128, block_k=128, num_warps=8,
                       num_stages=3 if n > 128 else 4, tma=False, warp_specialized=True)
-    elif op in ("masked_fp8", "gmm_t_fp8"):  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
+    elif op in FP8_WS_OPS:  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
                       warp_specialized=True)
     elif rows_per_group <= 64:
@@ -437,7 +438,7 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
   tile reads 2 * block_n rhs columns), so it is halved; then shrunk to fit the shared memory of arch."""
   in_dtype = {short: name for name, short in _DTYPE_NAMES.items()}[key.in_dtype]
   config = heuristic(key.op, in_dtype, key.rows, key.k, key.n)
-  if key.op in ("masked_fp8", "gmm_t_fp8") and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
+  if key.op in FP8_WS_OPS and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:
     # +5-14% on contiguous dsv3 shapes, +8% on 32 groups of ~192 rows, -5 to -11% on one group of 1024 rows, whose
     # 128 or 224 wide tiles fill under two waves). Block scales at 256 wide spill (docs/perf-notes.md).
