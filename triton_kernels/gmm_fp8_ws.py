@@ -20,12 +20,11 @@ cp.async (one or two floats, each copied 64 times). A consumer's main loop: each
 fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
 it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
 docs/perf-notes.md); after the wait, the float32 accumulator takes that product scaled by its block scales (one
-FMA per element), while the other consumer's wgmmas keep the tensor cores busy (ptxas
-serialises a wgmma whose accumulator registers are read before it completes: docs/perf-notes.md). A 256-wide tile
-does its two column halves one after the other (two float32 accumulators and one product fit the registers), so a
-step reads the lhs tile once for 256 columns. Row and channel scales multiply the accumulator once, in the
-epilogue. A tile's rows past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their
-operands or scales hold.
+FMA per element), while the other consumers' wgmmas keep the tensor cores busy (ptxas serialises a wgmma whose
+accumulator registers are read before it completes: docs/perf-notes.md). A 256-wide tile does its two column
+halves one after the other (two float32 accumulators and one product fit the registers), so a step reads the lhs
+tile once for 256 columns. Row and channel scales multiply the accumulator once, in the epilogue. A tile's rows
+past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their operands or scales hold.
 
 schedule: gmm_ws's (1 + 4 R_MAX,) int32 (per row tile of 64 HALVES rows: group, first row, rows of the group, rows
 to store); backend_triton builds one for the masked layout too (a tile per 64 HALVES of each group's max_m rows).
@@ -121,10 +120,10 @@ def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, 
                  HALVES: gl.constexpr):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
   (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] consumer H's); every stage
-  released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves
-  one after the other into acc and acc_right (two float32 accumulators and one product fit the registers; a step
-  reads the lhs tile once for 256 columns; a right half past N, TMA zeros or the next group's rows, is computed
-  and never stored); else acc_right is returned as given."""
+  released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves one after the other into acc and
+  acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once for 256
+  columns; a right half past N, TMA zeros or the next group's rows, is computed and never stored); else acc_right
+  is returned as given."""
   for kk in range(k_steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
