@@ -406,13 +406,17 @@ def _tile_scales(lhs_scale, schedule, row_tiles, block_m):
   return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
-def _check_plain_fp8_rows(config, call):
-  """ValueError if config asks the plain FP8 kernels (where the warp-specialised one does not run `call`) for
-  192-row tiles, which only the warp-specialised kernel has."""
-  if config.block_m == config_lib.ROWS_192:
-    raise ValueError(f"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel only, which does not take "
-                     f"this call ({call}, config {config}): it needs sm_90, block_n = block_k = 128, K a multiple "
-                     f"of 16 and output rows of 16-byte multiples; use a power of two")
+def _plain_fp8_config(config, given, call):
+  """config for the plain FP8 kernels (where the warp-specialised one does not run `call`), which have no 192-row
+  tiles: a ValueError where the caller gave 192 rows (`given`), 128 rows where the table or heuristic chose them."""
+  if config.block_m != config_lib.ROWS_192:
+    return config
+  if not given:
+    return dataclasses.replace(config, block_m=128)
+  raise ValueError(f"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel only, which does not take "
+                   f"this call ({call}, config {config}): it needs sm_90, block_n = block_k = 128, K a multiple "
+                   f"of 16, output rows of 16-byte multiples and num_stages that fit the shared memory with the "
+                   f"192 x 128 output tile (3 for float32 out, 4 for bf16); use a power of two")
 
 
 def _masked_row_tiles(masked_m, max_m, block_m):
@@ -434,7 +438,7 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
   out_dtype = jnp.dtype(out_dtype)
   if m == 0 or k == 0:  # An empty sum: zeros whatever the scales (the kernels load a K block's scales up front).
     return jnp.zeros((m, n), out_dtype)
-  device = _device()
+  device, given = _device(), config is not None
   config = _fp8_config("gmm_t_fp8" if transpose_rhs else "gmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n,
                        num_groups, fp8_recipe(lhs_scale.ndim == 2, rhs_scale.ndim == 3), config, device,
                        transpose=transpose_rhs)
@@ -445,7 +449,7 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
     row_tiles = geometry.cdiv(m, config.block_m) + num_groups + 1
     return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles, config.block_m), row_tiles, lhs_scale, rhs_scale,
                        out_dtype, config, device)
-  _check_plain_fp8_rows(config, f"FP8 gmm of lhs {lhs.shape}, rhs {rhs.shape}")
+  config = _plain_fp8_config(config, given, f"FP8 gmm of lhs {lhs.shape}, rhs {rhs.shape}")
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
   use_tma, lhs_desc, rhs_desc = _fp8_descriptors(lhs, rhs, transpose_rhs, config, device, out_dtype)
   return ffi.triton_call(
@@ -466,7 +470,7 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
   out_dtype = jnp.dtype(out_dtype)
   if max_m == 0 or k == 0:  # As gmm_fp8's.
     return jnp.zeros((num_groups, max_m, n), out_dtype)
-  device = _device()
+  device, given = _device(), config is not None
   config = _fp8_config("masked_fp8", x.dtype, out_dtype, expected_m or max_m, k, n, num_groups,
                        fp8_recipe(x_scale.ndim == 3, w_scale.ndim == 3), config, device)
   if config is None:
@@ -478,7 +482,7 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
     out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, schedule, row_tiles,
                       x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device)
     return out.reshape(num_groups, max_m, n)
-  _check_plain_fp8_rows(config, f"FP8 masked_gmm of x {x.shape}, w {w.shape}")
+  config = _plain_fp8_config(config, given, f"FP8 masked_gmm of x {x.shape}, w {w.shape}")
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)
   use_tma, x_desc, w_desc = _fp8_descriptors(x.reshape(num_groups * max_m, k), w, True, config, device, out_dtype)
   return ffi.triton_call(

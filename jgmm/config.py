@@ -11,7 +11,8 @@ class Config:
 
   block_m, block_n, block_k: tile of the output rows, output columns and reduction (16..512, powers of 2; block_m
     may also be 192 for FP8 gmm with K-major rhs and FP8 masked_gmm: the warp-specialised FP8 kernel's 192 x 128
-    tiles, three consumer warpgroups, where it applies, an error elsewhere).
+    tiles, three consumer warpgroups, where it applies, an error elsewhere; the heuristic's choice on sm_90 above
+    256 rows per group, where calls the kernel does not take run 128-row tiles).
   num_warps: warps per program (1, 2, 4, 8 or 16). num_stages: software-pipelining depth (1..8).
   persistent: programs_per_sm programs per SM looping over tiles (True) or one program per tile (False).
   programs_per_sm: the persistent grid's programs per SM (1..4; gmm and tgmm). 2 pays where two programs'

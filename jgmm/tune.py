@@ -61,6 +61,10 @@ _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4,
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
 _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
+# The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere.
+_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
+           _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True),
+           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True)]
 # Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits).
 _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11, "fp8e4m3": 2.0**-4, "fp8e4m3fnuz": 2.0**-4,
         "fp8e5m2": 2.0**-3}
@@ -80,8 +84,10 @@ def candidate_space(key, space):
     small = key.rows <= 32
     base = (_SMALL_GMM if small else _GMM) if gmm_like else (_SMALL_TGMM if small else _TGMM)
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
-  if key.op not in ("gmm", "gmm_t"):  # The warp-specialised kernel is gmm's only.
+  if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
     configs = [c for c in configs if not c.warp_specialized]
+  if key.op in config_table.FP8_WS_OPS:
+    configs += _FP8_WS
   return configs
 
 

@@ -127,6 +127,20 @@ class LookupTest(TableTestBase):
       self.assertLessEqual(config_table.shared_memory_bytes("gmm", config, 4, 4),
                            config_table.shared_memory_limit(arch))
 
+  def test_heuristic_takes_192_rows_for_the_fp8_ws_ops_on_sm90_above_256_rows(self):
+    for op in ("gmm_t_fp8", "masked_fp8", "tgmm_fp8", "gmm_fp8"):
+      for rows, arch, out in ((512, "sm90", "bfloat16"), (8192, "sm90", "float32"), (256, "sm90", "bfloat16"),
+                              (8192, "sm80", "bfloat16"), (8192, None, "bfloat16")):
+        for scale in ("1x128-128x128", "row-channel"):
+          k = config_table.make_key(op, "float8_e4m3fn", out, rows, 7168, 4096, 8, scale=scale)
+          config = config_table.heuristic_config(k, arch)
+          want = op in config_table.FP8_WS_OPS and arch == "sm90" and rows > 256
+          self.assertEqual(config.block_m == 192, want, (k, arch))
+          if want:  # Four stages in bf16; float32's 192 x 128 output tile leaves room for three.
+            self.assertEqual((config.block_n, config.num_stages), (128, 4 if out == "bfloat16" else 3))
+          self.assertLessEqual(config_table.shared_memory_bytes(op, config, 1, 2 if out == "bfloat16" else 4),
+                               config_table.shared_memory_limit(arch))
+
   def test_log_once_per_selection_with_source_file_and_triton_version(self):
     path = self.table("t.json", entry(key(), A, triton="0.0.1"))
     self.use(path)

@@ -284,6 +284,31 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(ptxs)
     self.assertEqual(ws_call.called, k % 16 == 0 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
 
+  @parameterized.product(masked=(True, False), k=(7168, 200))
+  def test_heuristic_192_rows(self, masked, k):
+    """The heuristic's 192-row tiles (1000 rows per group) on the warp-specialised kernel where it takes the call
+    (K % 16 == 0); the plain kernel with 128-row tiles, no error, where it does not."""
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    g, rows, n, kb = 2, 1000, 4096, -(-k // 128)
+    args = (s((g, n, k), f8), s((g,) if masked else (g + 1,), jnp.int32),
+            s((g, rows, kb) if masked else (g * rows, kb), jnp.float32), s((g, 32, kb), jnp.float32))
+    lhs = s((g, rows, k) if masked else (g * rows, k), f8)
+    if masked:
+      fn = lambda x, w, mm, xs, ws: backend_triton.masked_gmm_fp8(x, w, mm, xs, ws, out_dtype=jnp.bfloat16,
+                                                                  expected_m=rows, config=None)
+    else:
+      fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=True, out_dtype=jnp.bfloat16, config=None)
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call, \
+        mock.patch.object(backend_triton.ffi, "triton_call", wraps=backend_triton.ffi.triton_call) as call:
+      self.assert_fp8_wgmma(self.ptx(fn, lhs, *args, tma=k % 16 == 0))
+    ws = k % 16 == 0 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda"))
+    self.assertEqual(ws_call.called, ws)
+    if ws:
+      self.assertEqual(ws_call.call_args.args[7].block_m, 192)
+      self.assertEqual(call.call_args.kwargs["HALVES"], 3)
+    else:
+      self.assertEqual(call.call_args.kwargs["BLOCK_M"], 128)
+
   @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False), m=(8192, 8200),
                          warp_specialized=(True, False))
   def test_tgmm(self, transpose_lhs, transpose_rhs, m, warp_specialized):
@@ -431,7 +456,8 @@ class GpuFp8Test(Fp8KernelTestBase):
     past = jnp.asarray(np.arange(max_m)[None, :] >= valid[:, None])
     x_nan = jnp.where(past[..., None], jnp.nan, x.astype(jnp.float32)).astype(x.dtype)
     x_scale_nan = jnp.where(past.reshape(past.shape + (1,) * (x_scale.ndim - 2)), jnp.nan, x_scale)
-    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile[1] == 128 else 3)
+    # float32 out: 192-row tiles fit the shared memory with three stages (a fourth would need 268 KB).
+    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile == (128, 128) else 3)
     fn = jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], preferred_element_type=jnp.float32,
                                             config=config))
     if tile[0] == 192 and k % 16:
@@ -451,7 +477,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     right half. K = 7 runs the plain kernel (a ValueError for 192-row tiles)."""
     m, groups = 1000, 6
     config = dataclasses.replace(WS, block_n=256, num_stages=3) if n == 1104 else WS
-    config = dataclasses.replace(WS, block_m=192) if block_m == 192 else config
+    config = dataclasses.replace(WS, block_m=192, num_stages=3) if block_m == 192 else config  # float32 out
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
     sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)

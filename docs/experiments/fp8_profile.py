@@ -22,7 +22,9 @@ from jgmm import backend_triton, bench_fp8, oracle, quantize, timing
 from jgmm.config import Config
 
 CASES = [("contiguous", 4, 8192, 4096, 7168), ("contiguous", 4, 8192, 7168, 2048), ("contiguous", 8, 4096, 4096, 7168),
-         ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168), ("masked", 32, 192, 4096, 7168)]
+         ("masked", 1, 1024, 7168, 2048), ("masked", 1, 1024, 4096, 7168), ("masked", 32, 192, 4096, 7168),
+         ("masked", 2, 512, 4096, 7168), ("masked", 2, 512, 7168, 2048), ("masked", 4, 256, 4096, 7168),
+         ("masked", 4, 256, 7168, 2048), ("masked", 6, 1024, 4096, 7168), ("masked", 6, 1024, 7168, 2048)]
 VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages, block_m)
     "blocks_128_s4": ("1x128", "128x128", 128, 4, 128), "blocks_256_s3": ("1x128", "128x128", 256, 3, 128),
     "rows_128_s4": ("row", "row", 128, 4, 128), "rows_256_s3": ("row", "row", 256, 3, 128),
