@@ -133,11 +133,12 @@ def cubin_loads_everywhere(target: Target) -> bool:
 
 @functools.cache
 def _triton_ptx_version(target: Target) -> int:
-  """The PTX version Triton picks for a CUDA target by itself: the newest its bundled ptxas assembles."""
+  """The PTX version Triton picks for a CUDA target by itself: the newest its bundled ptxas assembles. (Options
+  as compile_kernel's: Triton 3.9 warns about its FP fusion default wherever options leave it unset.)"""
   from triton.backends.nvidia import compiler as nvidia_compiler
 
-  return nvidia_compiler.get_ptx_version_from_options(make_backend(target.triton_target).parse_options({}),
-                                                      target.arch)
+  options = make_backend(target.triton_target).parse_options({"enable_fp_fusion": True})
+  return nvidia_compiler.get_ptx_version_from_options(options, target.arch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -556,6 +556,21 @@ class CrossLoweringTest(parameterized.TestCase):
       (compiled,) = [c for k, c in _compile._cache.items() if k[0] is _multiply_add_kernel]
       self.assertEqual("fma.rn.f32" in compiled.asm["ptx"], fused, env)
 
+  @absltest.skipUnless(hasattr(triton.knobs.language, "fp_fusion_enabled"), "Triton < 3.9 has no FP fusion warning")
+  def test_no_fp_fusion_warning(self):
+    """Every options jgmm hands Triton name FP fusion, so Triton 3.9 never warns a user that its default will
+    change (it warns where a compile or parse_options leaves enable_fp_fusion unset)."""
+    self._target("cuda:90")
+    _compile._cache.clear()
+    _compile._triton_ptx_version.cache_clear()
+    x = jax.ShapeDtypeStruct((64,), jnp.float32)
+    call = lambda x: ffi.triton_call(x, kernel=_multiply_add_kernel, out_shape=x, grid=(1,), BLOCK=64)
+    with mock.patch.object(triton.knobs.language, "fp_fusion_enabled",
+                           wraps=triton.knobs.language.fp_fusion_enabled) as asked:
+      _lower_for("cuda", call, x)
+    self.assertNotEmpty(asked.call_args_list)
+    self.assertEqual({c.args[0] for c in asked.call_args_list}, {True})
+
   def test_specialization_attributes_follow_the_arguments(self):
     self._target("cuda:90")
     for n, marked in [(300, 3), (320, 4)]:  # pointers are 16-byte aligned; n is marked if a multiple of 16
