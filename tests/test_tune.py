@@ -341,11 +341,6 @@ class CandidatesTest(absltest.TestCase):
     self.assertLess(len(tune.candidates(small, tune.candidate_space(small, "small"), "sm86", ["triton"])),
                     len(tune.candidates(small, tune.candidate_space(small, "small"), "sm90", ["triton"])))
 
-
-class WorkerTest(absltest.TestCase):
-
-  @absltest.skipIf(jax.default_backend() == "gpu", "a GPU runs the real kernel (TF32), not the interpreter")
-
   def test_fp8_ws_ops_screen_the_ws_kernels_tilings(self):
     for op in ("gmm_t_fp8", "masked_fp8", "gmm_fp8", "tgmm_fp8"):
       k = config_table.make_key(op, "float8_e4m3fn", "bfloat16", 1024, 7168, 4096, 8, scale="1x128-128x128")
@@ -355,6 +350,11 @@ class WorkerTest(absltest.TestCase):
       fitting = [Config(**c["config"]) for c in tune.candidates(k, configs, "sm90", ["triton"])]
       self.assertEqual(fitting[0], config_table.heuristic_config(k, "sm90"))
       self.assertLen(fitting, len({*fitting}))
+
+
+class WorkerTest(absltest.TestCase):
+
+  @absltest.skipIf(jax.default_backend() == "gpu", "a GPU runs the real kernel (TF32), not the interpreter")
   def test_triton_candidates_run_and_are_checked_under_the_interpreter(self):
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     key = config_table.make_key("gmm", "float32", "float32", 16, 32, 48, 4)
