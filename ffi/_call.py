@@ -99,6 +99,7 @@ class _Call:
   num_warps: int
   num_stages: int
   maxnreg: int | None
+  num_ctas: int
   constexprs: tuple
   aliases: tuple
   aliased_outputs_appended: bool
@@ -294,7 +295,7 @@ def _descriptor_parameters(module, meta: dict, aval, descriptor: _Descriptor, ca
 def _global_scratch(compiled: _compile.CompiledKernel, grid: tuple):
   """The aval of the global scratch a kernel needs (device-side tensor descriptors), or None.
 
-    Triton addresses it as base + linear program id * per-program size, so it spans the whole grid. XLA
+    Triton addresses it as base + linear CTA id * per-CTA size, so it spans the whole grid's CTAs. XLA
     allocates it as one more result of the custom call, so the launch allocates nothing: an allocation at
     launch (jaxlib's own scratch) cannot be captured into XLA's command buffers (CUDA graphs).
     """
@@ -302,7 +303,7 @@ def _global_scratch(compiled: _compile.CompiledKernel, grid: tuple):
     return None
   align = compiled.global_scratch_align
   per_program = -(-compiled.global_scratch_size // align) * align
-  return jax.core.ShapedArray((max(per_program * int(np.prod(grid)), align),), np.uint8)
+  return jax.core.ShapedArray((max(per_program * int(np.prod(grid)) * compiled.num_ctas, align),), np.uint8)
 
 
 def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
@@ -313,7 +314,7 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
     _jaxlib.check_tma_descriptors(module, platform, call.name)
   signature, constexprs, attrs, launch = _specialize(call, target, ctx.avals_in)
   compiled = _compile.compile_kernel(call.kernel, signature, constexprs, attrs, target, call.num_warps, call.num_stages,
-                                     call.maxnreg)
+                                     call.maxnreg, call.num_ctas)
   if has_descriptors and not compiled.tensordesc_meta:
     raise NotImplementedError(
         f"{call.name}: Triton lowered the kernel's tensor-descriptor params to plain pointers for {target} (no "
@@ -351,6 +352,7 @@ def _gpu_lowering(ctx, *operands, call: _Call, platform: str):
                                    kernel_name=compiled.name,
                                    call_name=call.name,
                                    num_warps=compiled.num_warps,
+                                   num_ctas=compiled.num_ctas,
                                    shared_mem_bytes=compiled.shared_mem_bytes,
                                    binary=compiled.binary,
                                    compute_capability=target.arch if target.platform == "cuda" else 0,
@@ -427,6 +429,9 @@ def _cpu_lowering(ctx, *operands, call: _Call):
     raise RuntimeError(
         f"Triton kernels need a GPU platform (cuda/rocm); platform 'cpu' cannot run kernel {call.name!r}. "
         "Set TRITON_INTERPRET=1 to interpret it on the host (slow, for tests).")
+  if call.num_ctas != 1:
+    raise NotImplementedError(f"{call.name}: Triton's interpreter has no clusters (num_ctas={call.num_ctas}); "
+                              "run the kernel on a CUDA GPU (sm_90 or newer)")
   result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals]
 
   def host_call(*xs):
@@ -495,6 +500,7 @@ def triton_call(*args,
                 num_warps: int = 4,
                 num_stages: int = 3,
                 maxnreg: int | None = None,
+                num_ctas: int = 1,
                 input_output_aliases: dict | None = None,
                 zeroed_outputs: Sequence[int] = (),
                 name: str | None = None,
@@ -518,6 +524,8 @@ def triton_call(*args,
       grid: 1-3 ints, or a callable(meta) -> ints where meta holds the constexprs, num_warps and num_stages.
       num_warps, num_stages, maxnreg: Triton compile options (maxnreg: registers per thread, 24-255, CUDA; None:
         Triton's default). A warp-specialised kernel launches with all its partitions' warps.
+      num_ctas: CTAs per cluster (CUDA sm_90+, a Gluon kernel whose layouts say how the CTAs share each tensor, e.g.
+        TMA multicast): grid counts clusters, and the launch runs num_ctas CTAs for each.
       input_output_aliases: {index into args: output index}: the output starts as (and reuses) that input, an
         array (not a TensorDescriptor).
       zeroed_outputs: output indices set to zero before the launch (the others start undefined).
@@ -607,6 +615,8 @@ def triton_call(*args,
 
   if maxnreg is not None and (type(maxnreg) is not int or not 24 <= maxnreg <= 255):
     raise ValueError(f"{name}: maxnreg must be None or an int in [24, 255] (registers per thread), got {maxnreg!r}")
+  if type(num_ctas) is not int or num_ctas not in (1, 2, 4, 8, 16):
+    raise ValueError(f"{name}: num_ctas must be an int in (1, 2, 4, 8, 16) (CTAs per cluster), got {num_ctas!r}")
   meta = dict(full_constexprs, num_warps=num_warps, num_stages=num_stages)
   call = _Call(kernel=kernel,
                name=name,
@@ -616,6 +626,7 @@ def triton_call(*args,
                num_warps=int(num_warps),
                num_stages=int(num_stages),
                maxnreg=maxnreg,
+               num_ctas=num_ctas,
                constexprs=tuple(sorted(full_constexprs.items())),
                aliases=tuple(sorted(aliases)),
                aliased_outputs_appended=aliased_outputs_appended,

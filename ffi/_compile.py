@@ -147,6 +147,7 @@ class CompiledKernel:
   binary: str  # PTX text (cuda) or a path to the hsaco file (rocm, jaxlib reads it from disk)
   asm: dict  # Triton's intermediate and final artifacts: ttir, ttgir, llir, ptx/cubin or amdgcn/hsaco
   num_warps: int  # warps a launch runs: more than asked for where the kernel is warp-specialised
+  num_ctas: int  # CTAs per cluster (CUDA sm_90+; 1: no cluster)
   shared_mem_bytes: int
   global_scratch_size: int
   global_scratch_align: int
@@ -173,7 +174,7 @@ def jit_function(kernel) -> JITFunction:
 
 
 def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, target: Target, num_warps: int,
-                   num_stages: int, maxnreg: int | None = None) -> CompiledKernel:
+                   num_stages: int, maxnreg: int | None = None, num_ctas: int = 1) -> CompiledKernel:
   """Compiles `kernel` (@triton.jit, or Gluon's @gluon.jit) with Triton for `target` (cached in-process by all
     these arguments).
 
@@ -181,11 +182,12 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
     constexprs: {param name: value} for the params typed 'constexpr'.
     attrs: {(param index,): [['tt.divisibility', 16], ...]} specialization hints that the launch guarantees.
     maxnreg: registers per thread at launch (CUDA), which a warp-specialised Gluon kernel redistributes.
+    num_ctas: CTAs per cluster (CUDA sm_90+), which a Gluon kernel's layouts describe (their cga_layout).
     """
   fn = jit_function(kernel)
   ptx = ptx_version(target)
   key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())),
-         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages, maxnreg, ptx)
+         tuple(sorted((k, repr(v)) for k, v in attrs.items())), target, num_warps, num_stages, maxnreg, num_ctas, ptx)
   with _cache_lock:
     cached = _cache.get(key)
   if cached is not None:
@@ -197,6 +199,8 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
   options = {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True}
   if maxnreg is not None:
     options["maxnreg"] = maxnreg
+  if num_ctas != 1:
+    options["num_ctas"] = num_ctas
   if ptx is not None:
     options["ptx_version"] = ptx
   try:
@@ -204,7 +208,7 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
   except Exception as e:  # Triton raises CompilationError, RuntimeError (MLIR passes), AssertionError, ...
     ptx_note = "" if ptx is None else f", PTX {ptx // 10}.{ptx % 10} (set {PTX_VERSION_ENV} to change it)"
     raise KernelCompileError(f"Triton failed to compile kernel {fn.__name__!r} for {target} (num_warps={num_warps}, "
-                             f"num_stages={num_stages}, constexprs={constexprs}{ptx_note}): "
+                             f"num_stages={num_stages}, num_ctas={num_ctas}, constexprs={constexprs}{ptx_note}): "
                              f"{type(e).__name__}: {e}") from e
   metadata = compiled.metadata
   if target.platform == "cuda":
@@ -217,6 +221,7 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, attrs: dict, targe
                           binary=binary,
                           asm=dict(compiled.asm),
                           num_warps=metadata.num_warps,
+                          num_ctas=getattr(metadata, "num_ctas", 1),
                           shared_mem_bytes=metadata.shared,
                           global_scratch_size=getattr(metadata, "global_scratch_size", None) or 0,
                           global_scratch_align=getattr(metadata, "global_scratch_align", None) or 1,

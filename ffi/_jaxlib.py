@@ -146,13 +146,15 @@ def tma_descriptor_parameter(module, *, elem_type: int, swizzle: int, shape: tup
                                                 int(nan_padding))
 
 
-def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, shared_mem_bytes: int, binary: str,
-                    compute_capability: int, grid: tuple, parameters: list, cubin: bytes | None = None) -> bytes:
+def serialized_call(module, *, kernel_name: str, call_name: str, num_warps: int, num_ctas: int, shared_mem_bytes: int,
+                    binary: str, compute_capability: int, grid: tuple, parameters: list,
+                    cubin: bytes | None = None) -> bytes:
   """The custom call's ``opaque`` attribute: a zlib-compressed TritonAnyKernelCall proto.
 
+    num_ctas: CTAs per cluster: jaxlib launches grid[0] * num_ctas CTAs in clusters of (num_ctas, 1, 1).
     cubin: the kernel assembled for compute_capability, carried as its module image where takes_cubin().
     """
-  kernel = module.TritonKernel(kernel_name, num_warps, 1, shared_mem_bytes, binary, "", compute_capability)
+  kernel = module.TritonKernel(kernel_name, num_warps, num_ctas, shared_mem_bytes, binary, "", compute_capability)
   call = module.TritonKernelCall(kernel, *grid, parameters)
   proto = call.to_proto(call_name, b"")
   if cubin and takes_cubin():

@@ -5,6 +5,7 @@ with JGMM_TARGET, checking the custom call and the compiled binary's architectur
 the same kernels through the real custom call in jit/grad/vmap.
 """
 
+import inspect
 import os
 import re
 import zlib
@@ -19,6 +20,14 @@ from absl.testing import absltest, parameterized
 
 from jgmm import ffi
 from jgmm.ffi import _compile, _jaxlib
+
+try:  # Gluon's Hopper TMA multicast and clusters (Triton >= 3.7)
+  from triton.experimental import gluon
+  from triton.experimental.gluon import language as gl
+  from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+  _HAS_MULTICAST = "multicast" in inspect.signature(tma.async_load).parameters
+except (ImportError, AttributeError):
+  _HAS_MULTICAST = False
 
 _CPU = jax.devices("cpu")[0]
 _HAS_GPU = any(d.platform == "gpu" for d in jax.devices())
@@ -134,6 +143,34 @@ def _multiply_add_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
 def _broken_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.arange(0, BLOCK * 2))  # shape mismatch
+
+
+if _HAS_MULTICAST:
+
+  @gluon.jit
+  def _multicast_copy_kernel(x_desc, y_ptr, N: gl.constexpr):
+    """y = x, one (BM, N) row tile per 2-CTA cluster: TMA multicasts the tile into both CTAs' shared memory (the
+      descriptor's layout shares it: cga_layout [[0, 0]]), then each CTA stores its half of the rows."""
+    BM: gl.constexpr = x_desc.block_shape[0]
+    tile = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_shape, x_desc.layout)
+    ready = mbarrier.allocate_mbarrier()
+    mbarrier.init(ready, count=1)
+    mbarrier.expect(ready, x_desc.nbytes_per_cta)
+    row = gl.program_id(0) * BM  # program ids count clusters
+    tma.async_load(x_desc, [row, 0], ready, tile, multicast=True)
+    mbarrier.wait(ready, phase=0, deps=[tile])
+    halves: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0], cga_layout=[[1, 0]])
+    rows = row + gl.arange(0, BM, layout=gl.SliceLayout(1, halves))
+    cols = gl.arange(0, N, layout=gl.SliceLayout(0, halves))
+    gl.store(y_ptr + rows[:, None] * N + cols[None, :], tile.load(halves))
+
+
+def multicast_copy(x, bm=128):
+  """x (M, N) fp16 through _multicast_copy_kernel: M a multiple of bm, clusters of 2 CTAs."""
+  layout = gl.NVMMASharedLayout.get_default_for([bm, x.shape[1]], gl.float16, cga_layout=[[0, 0]])
+  return ffi.triton_call(ffi.TensorDescriptor(x, (bm, x.shape[1]), layout=layout), kernel=_multicast_copy_kernel,
+                         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // bm,), num_ctas=2,
+                         N=x.shape[1])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -571,6 +608,28 @@ class CrossLoweringTest(parameterized.TestCase):
     self.assertNotEmpty(asked.call_args_list)
     self.assertEqual({c.args[0] for c in asked.call_args_list}, {True})
 
+  @absltest.skipUnless(_HAS_MULTICAST, "Gluon has TMA multicast from Triton 3.7")
+  def test_cluster_launch(self):
+    """num_ctas = 2: Triton compiles for clusters of two CTAs (the PTX requires them, TMA multicasts) and the
+      custom call asks jaxlib for them (TritonKernel's num_ctas), the grid still counted in clusters."""
+    self._target("cuda:90")
+    x = jax.ShapeDtypeStruct((512, 64), jnp.float16)
+    with mock.patch.object(_jaxlib, "serialized_call", wraps=_jaxlib.serialized_call) as serialized:
+      text = _lower_for("cuda", multicast_copy, x)
+    self.assertIn("triton_kernel_call", text)
+    kwargs = serialized.call_args.kwargs
+    self.assertEqual((kwargs["num_ctas"], kwargs["grid"]), (2, (4, 1, 1)))
+    (compiled,) = [c for k, c in _compile._cache.items() if k[0] is _multicast_copy_kernel]
+    self.assertEqual(compiled.num_ctas, 2)
+    self.assertIn(".reqnctapercluster 2", compiled.asm["ptx"])
+    self.assertIn(".multicast::cluster", compiled.asm["ptx"])
+
+  def test_num_ctas_is_checked(self):
+    x = jax.ShapeDtypeStruct((64,), jnp.float32)
+    for bad in (0, 3, 2.0):
+      with self.assertRaisesRegex(ValueError, rf"num_ctas must be an int in \(1, 2, 4, 8, 16\).*got {bad!r}"):
+        ffi.triton_call(x, kernel=_multiply_add_kernel, out_shape=x, grid=(1,), num_ctas=bad, BLOCK=64)
+
   def test_specialization_attributes_follow_the_arguments(self):
     self._target("cuda:90")
     for n, marked in [(300, 3), (320, 4)]:  # pointers are 16-byte aligned; n is marked if a multiple of 16
@@ -795,6 +854,12 @@ class GpuTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.rng = np.random.default_rng(self.id().__hash__() % 2**32)
+
+  @absltest.skipUnless(_HAS_MULTICAST, "Gluon has TMA multicast from Triton 3.7")
+  def test_cluster_multicast_copy(self):
+    """Clusters of two CTAs launched through jaxlib: each stores the half of a tile that TMA multicast into both."""
+    x = jnp.asarray(self.rng.standard_normal((512, 64)), jnp.float16)
+    np.testing.assert_array_equal(np.asarray(jax.jit(multicast_copy)(x)), np.asarray(x))
 
   def test_tuple_params(self):
     xs = [_random(self.rng, 50) for _ in range(5)]
