@@ -629,6 +629,10 @@ class CrossLoweringTest(parameterized.TestCase):
     for bad in (0, 3, 2.0):
       with self.assertRaisesRegex(ValueError, rf"num_ctas must be an int in \(1, 2, 4, 8, 16\).*got {bad!r}"):
         ffi.triton_call(x, kernel=_multiply_add_kernel, out_shape=x, grid=(1,), num_ctas=bad, BLOCK=64)
+    call = lambda x: ffi.triton_call(x, kernel=_multiply_add_kernel, out_shape=x, grid=(1,), num_ctas=2, BLOCK=64)
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}), \
+        self.assertRaisesRegex(NotImplementedError, r"interpreter has no clusters \(num_ctas=2\)"):
+      _lower_for("cpu", call, x)
 
   def test_specialization_attributes_follow_the_arguments(self):
     self._target("cuda:90")
