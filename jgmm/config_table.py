@@ -442,8 +442,8 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     # 192 x 128 tiles, three consumer warpgroups (H100, both recipes, Triton 3.6 and 3.9): +4-25% over 128-row tiles
     # at 512 to 8192 rows per group (contiguous and masked); at ~192 rows per group, 192-row tiles cover groups of
     # 193-256 rows twice as 128-row ones do (-18% on 32 groups of ~192). Where the warp-specialised kernel does not
-    # take a call, backend_triton runs 128-row tiles.
-    config = dataclasses.replace(config, block_m=ROWS_192, block_n=128, num_stages=4)
+    # take a call, backend_triton runs 128-row tiles. (heuristic's 128 columns and 4 stages stay.)
+    config = dataclasses.replace(config, block_m=ROWS_192)
   elif key.op in FP8_WS_OPS and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:
     # +5-14% on contiguous dsv3 shapes, +8% on 32 groups of ~192 rows, -5 to -11% on one group of 1024 rows, whose
