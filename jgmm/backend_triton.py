@@ -321,11 +321,6 @@ def fp8_recipe(lhs_blocks, rhs_blocks):
   return f"{'1x128' if lhs_blocks else 'row'}-{'128x128' if rhs_blocks else 'channel'}"
 
 
-def within_scale_block(config):
-  """config with block_k at most 128: a K step of an FP8 kernel must stay inside one scale block."""
-  return dataclasses.replace(config, block_k=min(config.block_k, fp8_kernels.SCALE_BLOCK.value))
-
-
 def check_fp8_format(dtype, device):
   """FP8 kernels take the GPU's own format: float8_e4m3fnuz is ROCm's, which CUDA's tensor cores do not read."""
   if (device.arch or "").startswith("sm") and jnp.dtype(dtype) == jnp.float8_e4m3fnuz:
@@ -334,7 +329,8 @@ def check_fp8_format(dtype, device):
 
 
 def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
-  """The selected config of an FP8 op (None where the table picks the portable backend), within_scale_block.
+  """The selected config of an FP8 op (None where the table picks the portable backend), within its scale block
+  (config_table.within_scale_block).
   scale: fp8_recipe's name, or "128x1" for tgmm."""
   check_fp8_format(dtype, device)
   choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
@@ -342,7 +338,7 @@ def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, de
                                arch=device.arch, device_kind=device.kind, override=config)
   if choice.backend == "xla":
     return None
-  return within_scale_block(choice.config)
+  return config_table.within_scale_block(choice.config)
 
 
 def _persistent_grid(tiles, config, device):

@@ -63,8 +63,15 @@ from jgmm.config import ROWS_192, Config, as_config
 
 SCHEMA = 2
 OPS = ("gmm", "gmm_t", "tgmm", "masked", "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
+FP8_OPS = ("gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8")
 # The ops of the warp-specialised FP8 gmm kernel (K-major rhs), the only ones whose configs may have block_m = 192.
 FP8_WS_OPS = ("gmm_t_fp8", "masked_fp8")
+# The scale recipes of FP8 gmm and masked keys (backend_triton.fp8_recipe names them by the scales' shapes): name ->
+# jgmm.quantize's recipes of (lhs or x, rhs or w as (G, N, K)); "channel" is quantize's "row" of (G, N, K) weights.
+FP8_RECIPES = {"1x128-128x128": ("1x128", "128x128"), "1x128-channel": ("1x128", "row"),
+               "row-128x128": ("row", "128x128"), "row-channel": ("row", "row")}
+TGMM_FP8_RECIPE = "128x1"  # tgmm_fp8's one recipe: both operands' scales per 128 rows of M (jgmm.fp8).
+FP8_SCALE_BLOCK = 128  # Elements of an FP8 scale block along the reduction (jgmm.quantize.BLOCK).
 BACKENDS = ("triton", "xla")
 MAX_DISTANCE = 2.0  # e.g. one size 4x off, or two sizes 2x off.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4m3",
@@ -397,6 +404,11 @@ def _fit_shared_memory(op, config, arch, in_itemsize, out_itemsize, swiglu):
     else:
       break
   return config
+
+
+def within_scale_block(config: Config) -> Config:
+  """config with block_k at most FP8_SCALE_BLOCK: a K step of an FP8 kernel must stay inside one scale block."""
+  return dataclasses.replace(config, block_k=min(config.block_k, FP8_SCALE_BLOCK))
 
 
 def heuristic(op, dtype, rows_per_group, k, n):

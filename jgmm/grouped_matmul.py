@@ -309,7 +309,7 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
   """One grouped_matmul_kernel launch over problems with M, N, K >= 1; with scales = (lhs_scales, rhs_scales),
   grouped_matmul_fp8_ws_kernel's where _fp8_ws_ok, else grouped_matmul_fp8_kernel's, its block_k at most one
   128-wide scale block."""
-  from jgmm import backend_triton, ffi
+  from jgmm import backend_triton, config_table, ffi
   from jgmm.triton_kernels import grouped_matmul as kernels
   if scales is None:
     kernel, name, recipe = kernels.grouped_matmul_kernel, "jgmm_grouped_matmul", None
@@ -329,7 +329,7 @@ def _launch(lhs, rhs, scales, shapes, transpose_lhs, transpose_rhs, out_dtype, p
       # warpgroup per SM (prefill16-fp8 on an H100: 1.05-1.19x its 128-row tiles of 8 warps).
       config = dataclasses.replace(config, block_m=min(config.block_m, 64), num_warps=4, programs_per_sm=2,
                                    warp_specialized=False)
-    config = backend_triton.within_scale_block(config)
+    config = config_table.within_scale_block(config)
   table, num_tiles = _problem_table(shapes, config)
   m_multiple, n_multiple, k_multiple = (_power_of_2_dividing([s[d] for s in shapes]) for d in range(3))
   widest_block = max(config.block_m, config.block_n, config.block_k)
