@@ -60,11 +60,14 @@ def group_sizes(m, g, seed=0):
 
 
 H200_CEILINGS = (797e12, 4.3e12)  # bf16 FLOP/s and bytes/s measured on an H200: moe_shapes.py's defaults.
+H200_FP8_FLOPS = 2 * H200_CEILINGS[0]  # FP8 tensor cores (Hopper): twice bf16's rate.
 
 
-def speed_of_light_ms(m, k, n, g, peak_flops=H200_CEILINGS[0], bandwidth=H200_CEILINGS[1]):
-  """Lower bound on one bf16 gmm: the larger of compute time and memory time (H200 ceilings by default)."""
-  return 1e3 * max(2 * m * k * n / peak_flops, 2 * (m * k + g * k * n + m * n) / bandwidth)
+def speed_of_light_ms(m, k, n, g, peak_flops=H200_CEILINGS[0], bandwidth=H200_CEILINGS[1], in_bytes=2, out_bytes=2):
+  """Lower bound on one gmm of lhs (m, k), rhs (g, k, n), out (m, n): the larger of compute time and memory time
+  (H200's bf16 ceilings by default; peak_flops=H200_FP8_FLOPS for FP8). in_bytes, out_bytes: bytes per input and
+  output element (bf16: 2; FP8 inputs: 1)."""
+  return 1e3 * max(2 * m * k * n / peak_flops, (in_bytes * (m * k + g * k * n) + out_bytes * m * n) / bandwidth)
 
 
 def measure_ceilings(repeats=5):

@@ -61,18 +61,30 @@ _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4,
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
 _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
+# The plain FP8 kernels' tilings (gmm_fp8_kernel, masked_gmm_fp8_kernel; each with TMA loads and without): K steps
+# of one 128-wide scale block, or half of one.
+_FP8 = [_C(128, 128, 128, 8, 4), _C(128, 128, 128, 4, 4), _C(128, 256, 128, 8, 3), _C(64, 128, 128, 4, 5),
+        _C(64, 256, 128, 4, 4), _C(128, 128, 64, 8, 6)]
 # The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere.
 _FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
            _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True),
            _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True)]
-# Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits).
-_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11, "fp8e4m3": 2.0**-4, "fp8e4m3fnuz": 2.0**-4,
-        "fp8e5m2": 2.0**-3}
+# The warp-specialised FP8 tgmm's (lhs (K, M), rhs (N, M)): 128 x block_n tiles of out (K, N), 128 rows of M a step;
+# the most stages its shared memory holds with bf16 out (geometry.tgmm_fp8_ws_ok), and one fewer at 128 wide.
+_TGMM_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
+                _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True),
+                _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True)]
+# Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits). FP8 inputs have none here:
+# every backend reads the same quantised values (tune_worker.problem), so only the product's rounding differs.
+_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 
 
-def candidate_space(key, space):
-  """Triton Configs to screen for key: space "small" (the measured bests above), "full" (a grid) or "none"."""
-  gmm_like = key.op != "tgmm"
+def candidate_space(key: config_table.Key, space: str) -> list[Config]:
+  """Triton Configs to screen for key: space "small" (the measured bests above), "full" (a grid) or "none".
+  FP8 ops: K steps of 32 to 128 (an FP8 dot's K step is 32; a scale block is 128 wide), and the warp-specialised
+  tilings of their kernel where they have one (FP8_WS_OPS, tgmm_fp8)."""
+  fp8 = key.op in config_table.FP8_OPS
+  gmm_like = key.op not in ("tgmm", "tgmm_fp8")  # tgmm loads through pointers: no TMA variants
   if space == "none":
     return []
   if space == "full":
@@ -81,25 +93,35 @@ def candidate_space(key, space):
                for s in (3, 4, 5) for p in (1, 2) for t in ((True, False) if gmm_like else (False,))
                if (w == 8) == (bm * bn >= 128 * 256) and bm <= max(16, 2 * key.rows)]
   else:
-    small = key.rows <= 32
-    base = (_SMALL_GMM if small else _GMM) if gmm_like else (_SMALL_TGMM if small else _TGMM)
+    if fp8:
+      base = _FP8 if gmm_like else _TGMM
+    elif key.rows <= 32:
+      base = _SMALL_GMM if gmm_like else _SMALL_TGMM
+    else:
+      base = _GMM if gmm_like else _TGMM
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
   if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
     configs = [c for c in configs if not c.warp_specialized]
+  if fp8:
+    configs = [c for c in configs if c.block_k >= 32]
   if key.op in config_table.FP8_WS_OPS:
     configs += _FP8_WS
+  if key.op == "tgmm_fp8":
+    configs += _TGMM_FP8_WS
   return configs
 
 
 def candidates(key, configs, arch, backends, measured=()):
   """[{"backend": ..., "config": ...}] to screen: the heuristic's config first, the `measured` configs (a table's:
   they ran on a GPU, so fits(), an upper bound, does not judge them) and the configs that fit arch's shared memory
-  (if "triton" in backends), and the xla backend (if "xla" in backends)."""
+  (if "triton" in backends), and the xla backend (if "xla" in backends). Each config once as its kernel runs it: an
+  FP8 op's within its scale block (config_table.within_scale_block)."""
   out = []
   if "triton" in backends:
-    heuristic = config_table.heuristic_config(key, arch)
+    as_run = config_table.within_scale_block if key.op in config_table.FP8_OPS else lambda config: config
+    heuristic = as_run(config_table.heuristic_config(key, arch))
     fitting = [c for c in configs if config_table.fits(key, c, arch)]
-    triton = [c for c in dict.fromkeys([*measured, *fitting]) if c != heuristic]
+    triton = [c for c in dict.fromkeys(map(as_run, [*measured, *fitting])) if c != heuristic]
     out += [{"backend": "triton", "config": dataclasses.asdict(c)} for c in [heuristic, *triton]]
   if "xla" in backends:
     out.append({"backend": "xla"})
@@ -266,6 +288,14 @@ def key_candidates(key, args, device):
   return candidates(key, configs, device["arch"], backends if device["triton"] else ["xla"], measured)
 
 
+def _unit_roundoff(key):
+  """The unit roundoff of key's dtypes that --err-ratio scales: its output's for an FP8 op (its inputs are the same
+  FP8 values in every backend), else the larger of its inputs' and output's."""
+  if key.op in config_table.FP8_OPS:
+    return _EPS[key.out_dtype]
+  return max(_EPS[key.in_dtype], _EPS[key.out_dtype])
+
+
 def beats(fast, slow, min_gain):
   """Whether the candidate of round times `fast` beats the one of `slow` (one time per interleaved round, the same
   rounds) beyond noise: the median of the ratios slow / fast above 1 + min_gain, and faster in at least 70% of the
@@ -279,7 +309,7 @@ def _final(worker, key, m, cands, indices, args, report, phase="final"):
   and correct (within --err-ratio of the xla backend); None if the phase failed. Each result is reported."""
   job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in indices],
          "seconds": args.final_s}
-  bound = args.err_ratio * max(_EPS[key.in_dtype], _EPS[key.out_dtype])
+  bound = args.err_ratio * _unit_roundoff(key)
   results = {}
   try:
     for event in worker.run(job, args.timeout):

@@ -30,10 +30,11 @@ import jax
 import jax.numpy as jnp
 
 import jgmm
-from jgmm import bench, config_table, timing
+from jgmm import bench, config_table, quantize, timing
 from jgmm.config import Config
 
 _DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+_FP8_DTYPES = {"fp8e4m3": jnp.float8_e4m3fn, "fp8e4m3fnuz": jnp.float8_e4m3fnuz}
 
 
 def device():
@@ -51,27 +52,69 @@ def device():
   return info
 
 
+def _check_timeable(key):
+  """ValueError unless problem() can build key's call: its op and dtypes; for FP8 keys, a scale recipe and flags
+  that the FP8 ops' calls make (no bias, activation or existing_out; transpose: gmm_t_fp8's alone, or tgmm_fp8's
+  transpose_lhs)."""
+  fp8 = key.op in config_table.FP8_OPS
+  in_dtypes = _FP8_DTYPES if fp8 else _DTYPES
+  if key.op not in config_table.OPS or key.in_dtype not in in_dtypes or key.out_dtype not in _DTYPES:
+    raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} (inputs: one of "
+                     f"{tuple(in_dtypes)}, outputs: one of {tuple(_DTYPES)})")
+  if not fp8:
+    recipes = (None,)
+  elif key.op == "tgmm_fp8":
+    recipes = (config_table.TGMM_FP8_RECIPE,)
+  else:
+    recipes = tuple(config_table.FP8_RECIPES)
+  if key.scale not in recipes:
+    raise ValueError(f"jgmm.tune cannot time {key.op} with scale {key.scale!r}: expected one of {recipes}")
+  if fp8 and (key.bias or key.activation or key.accumulate or (key.op != "tgmm_fp8"
+                                                               and key.transpose != (key.op == "gmm_t_fp8"))):
+    raise ValueError(f"jgmm.tune cannot time {key}: no FP8 call makes it (FP8 ops take no bias, activation or "
+                     f"existing_out; transpose is gmm_t_fp8's, or tgmm_fp8's transpose_lhs)")
+
+
 def problem(key, m, seed=0, abstract=False):
   """(arrays, call(backend, config) -> a jitted function of the arrays, flops, runs) of one key with m total rows:
   the function runs the op `runs` times in one program (timing.chain, enough runs for about 0.5 ms at the speed of
   light) on a GPU, so that timing it times the GPU's work, not the host's dispatch (divide by runs). abstract: the
-  arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated) and one run."""
-  if key.op not in ("gmm", "gmm_t", "tgmm", "masked") or {key.in_dtype, key.out_dtype} - set(_DTYPES):
-    raise ValueError(f"jgmm.tune cannot time {key.op} with {key.in_dtype} -> {key.out_dtype} yet")
-  dtype, out_dtype = _DTYPES[key.in_dtype], _DTYPES[key.out_dtype]
+  arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated) and one run.
+
+  Inputs: fresh normal values (balanced routing: bench.group_sizes; masked: G x m / G rows, all valid). FP8 ops
+  (key.op in config_table.FP8_OPS) get them quantised by jgmm.quantize with key.scale's recipe: every backend
+  reads the same FP8 values and scales, so max_rel_err compares the products alone. The call goes through jgmm's
+  public op as a real call of key makes it (the key select() looks up is key):
+    gmm / gmm_t: jgmm.gmm, lhs (M, K), rhs (G, K, N) / (G, N, K) (transpose_rhs), with key's bias, activation and
+      existing_out; gmm_fp8 / gmm_t_fp8 likewise with lhs_scale and rhs_scale (quantised as (G, N, K));
+    tgmm: jgmm.tgmm, lhs (M, K) (transpose_lhs) or (K, M), rhs (M, N); tgmm_fp8: jgmm.tgmm with scales per 128 rows
+      of M, lhs (K, M) and rhs (N, M) (transpose_rhs) as jgmm.fp8_gmm's backward calls it, or lhs (M, K) and
+      rhs (M, N) where key.transpose (a key does not record rhs's layout);
+    masked / masked_fp8: jgmm.masked_gmm, x (G, m / G, K), w (G, N, K) (x_scale and w_scale).
+  """
+  _check_timeable(key)
+  fp8 = key.op in config_table.FP8_OPS
+  out_dtype = _DTYPES[key.out_dtype]
   g, k, n = key.g, key.k, key.n
   keys = iter(list(jax.random.split(jax.random.key(seed), 4)))
+  dtype = jnp.float32 if fp8 else _DTYPES[key.in_dtype]  # FP8 operands: float32 values, then quantised
   normal = lambda shape, scale=1.0: (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
   build = jax.eval_shape if abstract else lambda make: make()
   flops = 2 * m * k * n
   on_gpu = not abstract and jax.default_backend() == "gpu"  # elsewhere calls are synchronous: nothing to amortise
-  runs = timing.chain_runs(bench.speed_of_light_ms(m, k, n, g)) if on_gpu else 1
+  floor_ms = bench.speed_of_light_ms(
+      m, k, n, g, bench.H200_FP8_FLOPS if fp8 else bench.H200_CEILINGS[0],
+      in_bytes=jnp.dtype(_FP8_DTYPES[key.in_dtype] if fp8 else dtype).itemsize, out_bytes=jnp.dtype(out_dtype).itemsize)
+  runs = timing.chain_runs(floor_ms) if on_gpu else 1
   jit = lambda op: jax.jit(timing.chain(op, runs))
+  sizes = bench.group_sizes(m, g, seed)
+  if fp8:
+    arrays, op = _fp8_problem(key, m, normal, sizes, out_dtype)
+    return build(arrays), lambda backend, config: jit(op(backend, config)), flops, runs
   if key.op == "masked":
     arrays = build(lambda: (normal((g, m // g, k), k**-0.5), normal((g, n, k)), jnp.full((g,), m // g, jnp.int32)))
     return arrays, lambda backend, config: jit(lambda x, w, mm: jgmm.masked_gmm(
         x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops, runs
-  sizes = bench.group_sizes(m, g, seed)
   if key.op == "tgmm":
     arrays = build(lambda: (normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n)), jnp.asarray(sizes),
                             normal((g, k, n)).astype(out_dtype) if key.accumulate else None))
@@ -86,6 +129,33 @@ def problem(key, m, seed=0, abstract=False):
       lambda lhs, rhs, sizes, bias, existing: jgmm.gmm(
           lhs, rhs, sizes, bias=bias, transpose_rhs=key.transpose, preferred_element_type=out_dtype,
           existing_out=existing, activation=key.activation, config=config, backend=backend)), flops, runs
+
+
+def _fp8_problem(key, m, normal, sizes, out_dtype):
+  """(make_arrays: () -> the quantised arrays, op(backend, config) -> fn of them) of an FP8 key (problem()). The
+  first array is the FP8 activations, which every run reads (timing.chain)."""
+  g, k, n = key.g, key.k, key.n
+  fp8 = lambda x, recipe: quantize.quantize(x, recipe, _FP8_DTYPES[key.in_dtype])
+  if key.op == "tgmm_fp8":  # out (G, K, N): lhs (K, M) / rhs (N, M) per 1x128, or (M, K) / (M, N) per 128x1
+    recipe, swap = ("128x1", lambda shape: shape) if key.transpose else ("1x128", lambda shape: shape[::-1])
+    make = lambda: (*fp8(normal(swap((m, k))), recipe), *fp8(normal(swap((m, n))), recipe), jnp.asarray(sizes))
+    return make, lambda backend, config: lambda lhs, lhs_scale, rhs, rhs_scale, sizes: jgmm.tgmm(
+        lhs, rhs, sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=key.transpose,
+        transpose_rhs=not key.transpose, preferred_element_type=out_dtype, config=config, backend=backend)
+  lhs_recipe, rhs_recipe = config_table.FP8_RECIPES[key.scale]
+  if key.op == "masked_fp8":
+    make = lambda: (*fp8(normal((g, m // g, k)), lhs_recipe), *fp8(normal((g, n, k)), rhs_recipe),
+                    jnp.full((g,), m // g, jnp.int32))
+    return make, lambda backend, config: lambda x, x_scale, w, w_scale, mm: jgmm.masked_gmm(
+        x, w, mm, x_scale=x_scale, w_scale=w_scale, preferred_element_type=out_dtype, config=config, backend=backend)
+
+  def make():  # rhs quantised as (G, N, K) (its scales read the same in either layout), then laid out as (G, K, N)
+    rhs, rhs_scale = fp8(normal((g, n, k)), rhs_recipe)
+    return (*fp8(normal((m, k)), lhs_recipe), rhs if key.transpose else jnp.swapaxes(rhs, 1, 2), rhs_scale,
+            jnp.asarray(sizes))
+  return make, lambda backend, config: lambda lhs, lhs_scale, rhs, rhs_scale, sizes: jgmm.gmm(
+      lhs, rhs, sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_rhs=key.transpose,
+      preferred_element_type=out_dtype, config=config, backend=backend)
 
 
 @jax.jit

@@ -1,5 +1,6 @@
 """jgmm-tune on the CPU: model-config shapes per family, the tuner's choice with candidates that hang, crash, fail
 or are wrong (a scripted worker), and a real tuner killed mid-run that resumes."""
+import dataclasses
 import io
 import json
 import os
@@ -13,10 +14,12 @@ import time
 from unittest import mock
 
 import jax
+import jax.numpy as jnp
 from absl.testing import absltest
 
-from jgmm import config_table, model_shapes, tune, tune_worker
+from jgmm import backend_triton, config_table, model_shapes, tune, tune_worker
 from jgmm.config import Config
+from jgmm.triton_kernels import geometry, gmm_fp8
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
 
@@ -341,15 +344,43 @@ class CandidatesTest(absltest.TestCase):
     self.assertLess(len(tune.candidates(small, tune.candidate_space(small, "small"), "sm86", ["triton"])),
                     len(tune.candidates(small, tune.candidate_space(small, "small"), "sm90", ["triton"])))
 
-  def test_fp8_ws_ops_screen_the_ws_kernels_tilings(self):
-    for op in ("gmm_t_fp8", "masked_fp8", "gmm_fp8", "tgmm_fp8"):
-      k = config_table.make_key(op, "float8_e4m3fn", "bfloat16", 1024, 7168, 4096, 8, scale="1x128-128x128")
-      configs = tune.candidate_space(k, "small")
-      ws = {(c.block_m, c.block_n) for c in configs if c.warp_specialized}
-      self.assertEqual(ws, {(128, 128), (128, 256), (192, 128)} if op in config_table.FP8_WS_OPS else set(), op)
-      fitting = [Config(**c["config"]) for c in tune.candidates(k, configs, "sm90", ["triton"])]
-      self.assertEqual(fitting[0], config_table.heuristic_config(k, "sm90"))
-      self.assertLen(fitting, len({*fitting}))
+  def test_fp8_spaces_step_within_a_scale_block_and_screen_each_kernels_ws_tilings(self):
+    self.assertEqual(config_table.FP8_SCALE_BLOCK, gmm_fp8.SCALE_BLOCK.value)
+    fp8_ws = {(128, 128), (128, 256), (192, 128)}
+    ws_tilings = {"gmm_fp8": set(), "gmm_t_fp8": fp8_ws, "masked_fp8": fp8_ws, "tgmm_fp8": {(128, 128), (128, 256)}}
+    for op in config_table.FP8_OPS:
+      for rows in (8, 1024):
+        k = _fp8_key(op, rows, 7168, 4096, 8)
+        for space in ("small", "full"):
+          configs = tune.candidate_space(k, space)
+          self.assertEqual({(c.block_m, c.block_n) for c in configs if c.warp_specialized}, ws_tilings[op], op)
+          self.assertTrue(all(32 <= c.block_k <= 128 for c in configs), (op, space))
+          self.assertEqual(any(c.tma for c in configs), op != "tgmm_fp8", (op, space))  # tgmm: pointer loads
+          fitting = [Config(**c["config"]) for c in tune.candidates(k, configs, "sm90", ["triton"])]
+          self.assertEqual(fitting[0], config_table.heuristic_config(k, "sm90"))
+          self.assertLen(fitting, len({*fitting}))
+    limit = config_table.shared_memory_limit("sm90")  # each tgmm ws tiling fits its kernel's shared memory
+    for c in tune.candidate_space(_fp8_key("tgmm_fp8", 1024, 7168, 4096, 8), "small"):
+      if c.warp_specialized:
+        self.assertTrue(geometry.tgmm_fp8_ws_ok(8192, 7168, 4096, 8, 2, c.block_m, c.block_n, c.block_k,
+                                                c.num_stages, limit), c)
+
+  def test_fp8_configs_that_run_alike_are_screened_once(self):
+    key = _fp8_key("masked_fp8", 1024, 7168, 4096, 8)
+    heuristic = config_table.heuristic_config(key, "sm90")
+    wide, plain = Config(64, 128, 256, 4, 3, tma=False), Config(64, 128, 128, 4, 3, tma=False)
+    cands = tune.candidates(key, [plain], "sm90", ["triton"],
+                            measured=[wide, dataclasses.replace(heuristic, block_k=256)])
+    # block_k 256 runs as 128 (config_table.within_scale_block): one candidate each, the heuristic's first.
+    self.assertEqual([Config(**c["config"]) for c in cands], [heuristic, plain])
+    bf16 = config_table.make_key("masked", "bfloat16", "bfloat16", 1024, 7168, 4096, 8)
+    self.assertIn(wide.__dict__, [c["config"] for c in tune.candidates(bf16, [], "sm90", ["triton"], [wide])])
+
+
+def _fp8_key(op, rows, k, n, g, scale="1x128-128x128", out_dtype="bfloat16"):
+  """The Key of a call of an FP8 op as jgmm makes it (tgmm_fp8: lhs (K, M), as jgmm.fp8_gmm's backward)."""
+  return config_table.make_key(op, "float8_e4m3fn", out_dtype, rows, k, n, g, transpose=op == "gmm_t_fp8",
+                               scale=config_table.TGMM_FP8_RECIPE if op == "tgmm_fp8" else scale)
 
 
 class WorkerTest(absltest.TestCase):
@@ -391,6 +422,78 @@ class WorkerTest(absltest.TestCase):
     self.assertEqual(results[0], {"event": "result", "i": 0, "compiled": True})
     self.assertIn("block_k must be a power of two", results[1]["error"])  # reported, not raised
     self.assertEqual(events[-1], {"event": "done"})
+
+
+# (op, scale, transpose) of each FP8 call the tuner builds: every op, every recipe, both tgmm_fp8 layouts.
+_FP8_PROBLEMS = [("gmm_fp8", "1x128-128x128", False), ("gmm_t_fp8", "row-channel", True),
+                 ("gmm_t_fp8", "1x128-channel", True), ("masked_fp8", "row-128x128", False),
+                 ("tgmm_fp8", "128x1", False), ("tgmm_fp8", "128x1", True)]
+
+
+class Fp8WorkerTest(absltest.TestCase):
+
+  def test_each_fp8_problem_runs_its_public_op_and_selects_the_key_it_tunes(self):
+    g, k, n = 2, 256, 384  # K != N and K not a multiple of N: a layout mix-up fails validation
+    for op, scale, transpose in _FP8_PROBLEMS:
+      key = config_table.make_key(op, "float8_e4m3fn", "float32", 48, k, n, g, transpose=transpose, scale=scale)
+      with self.subTest(key=str(key)):
+        events = []
+        tune_worker.run_job({"phase": "final", "key": key._asdict(), "m": 96, "seconds": 0.001,
+                             "candidates": [{"backend": "xla"}]}, events.append)
+        (result,) = [e for e in events if e["event"] == "result"]
+        self.assertEqual(result["max_rel_err"], 0.0, result)
+        arrays, call, flops, _ = tune_worker.problem(key, 96)
+        self.assertEqual(flops, 2 * 96 * k * n)
+        self.assertTrue(any(a.dtype == jnp.float8_e4m3fn for a in arrays))
+        out = call("xla", None)(*arrays)
+        self.assertEqual((out.dtype, out.shape), (jnp.float32, (g, k, n) if op == "tgmm_fp8" else
+                                                  (g, 48, n) if op == "masked_fp8" else (96, n)))
+        self.assertGreater(float(jnp.min(jnp.max(jnp.abs(out), axis=-1))), 0.0)  # every row computed
+        selected = []
+        xla = config_table.Selection("xla", None, "exact", None, None)
+        with mock.patch.object(config_table, "select", lambda key, **_: selected.append(key) or xla):
+          call("triton", None).trace(*arrays).lower()  # backend_triton looks the call up (and runs xla's)
+        self.assertEqual(selected, [key])
+
+  def test_keys_no_fp8_call_makes_are_refused(self):
+    good = _fp8_key("gmm_t_fp8", 64, 256, 256, 2)
+    for key, message in [(good._replace(scale="128x1"), r"scale '128x1': expected one of \('1x128-128x128'"),
+                         (_fp8_key("tgmm_fp8", 64, 256, 256, 2)._replace(scale=None), r"scale None: expected"),
+                         (good._replace(in_dtype="bf16"), r"bf16 -> bf16 \(inputs: one of \('fp8e4m3'"),
+                         (good._replace(out_dtype="fp8e4m3"), r"outputs: one of \('bf16', 'fp16', 'fp32'\)"),
+                         (good._replace(transpose=False), "no FP8 call makes it"),
+                         (good._replace(bias=True), "no FP8 call makes it"),
+                         (config_table.make_key("gmm", "bfloat16", "bfloat16", 8, 64, 64, 2, scale="row-channel"),
+                          r"gmm with scale 'row-channel': expected one of \(None,\)")]:
+      with self.subTest(key=str(key)):
+        with self.assertRaisesRegex(ValueError, message):
+          tune_worker.problem(key, 128, abstract=True)
+        events = []
+        tune_worker.run_job({"phase": "screen", "key": key._asdict(), "m": 128, "seconds": 0.001,
+                             "candidates": [{"backend": "xla"}]}, events.append)
+        self.assertRegex(events[0]["error"], "jgmm.tune cannot time")  # reported, not raised
+
+  def test_on_a_gpu_fp8_chains_runs_by_the_fp8_peak(self):
+    shape = (4096, 4096, 4096, 1)  # compute-bound: FP8 runs at twice bf16's rate, so twice the runs fill 0.5 ms
+    bf16 = config_table.make_key("gmm_t", "bfloat16", "bfloat16", *shape, transpose=True)
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+      runs = {key.op: tune_worker.problem(key, 4096)[3] for key in (bf16, _fp8_key("gmm_t_fp8", *shape))}
+    self.assertEqual(runs, {"gmm_t": 3, "gmm_t_fp8": 6})
+
+  def test_the_compile_phase_lowers_each_fp8_ws_tiling_to_its_ws_kernel(self):
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
+    if not backend_triton._device().tma:
+      self.skipTest("this jaxlib's CUDA plugin has no TMA descriptors: the ws kernels do not run")
+    for op, kernel in (("gmm_t_fp8", "_gmm_fp8_ws"), ("masked_fp8", "_gmm_fp8_ws"), ("tgmm_fp8", "_tgmm_fp8_ws")):
+      key = _fp8_key(op, 128, 256, 256, 2)
+      cands = [c for c in tune.candidates(key, tune.candidate_space(key, "small"), "sm90", ["triton"])
+               if c["config"]["warp_specialized"]]
+      events = []
+      with mock.patch.object(backend_triton, kernel, wraps=getattr(backend_triton, kernel)) as ws:
+        tune_worker.run_job({"phase": "compile", "key": key._asdict(), "m": 256, "seconds": 0,
+                             "platforms": ["cuda"], "candidates": cands}, events.append)
+      self.assertEqual([e.get("compiled") for e in events if e["event"] == "result"], [True] * len(cands), events)
+      self.assertEqual(ws.call_count, len(cands), op)
 
 
 class ResumeTest(absltest.TestCase):
