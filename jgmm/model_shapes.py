@@ -15,10 +15,18 @@ expert). Calls, with H = hidden and I = intermediate:
             d rhs of each: tgmm with lhs transposed (K = H, N = 2I and K = I, N = H);
   masked (the decode layout, G x ceil(M / G) rows): masked (K = H, N = 2I), (K = I, N = H), and their d x
             (K = 2I, N = H), (K = H, N = I).
+In FP8 (fp8_recipes; FP8 inputs, outputs in the layer's dtype), per scale recipe: the forward products as FP8 gmms
+of K-major weights (G, N, K), as jgmm.fp8_gmm quantises them: gmm_t_fp8 (K = H, N = 2I), (K = I, N = H), and the
+masked layout's masked_fp8 (the same K and N; FP8 masked_gmm has no backward). With jgmm.fp8_gmm's own recipe
+(FP8_GMM_RECIPE) also its backward: d lhs gmm_t_fp8 (K = 2I, N = H), (K = H, N = I), and d rhs tgmm_fp8 of lhs^T
+(K, M) and dout^T (N, M), scales per 128 rows of M (K = H, N = 2I), (K = I, N = H).
 """
 from typing import NamedTuple
 
 from jgmm import config_table
+
+
+FP8_GMM_RECIPE = "1x128-128x128"  # jgmm.fp8_gmm's scales (DeepSeek-V3's): activations 1x128, weights 128x128.
 
 
 class MoeDims(NamedTuple):
@@ -48,9 +56,11 @@ def moe_dims(config: dict, name: str = "config") -> MoeDims:
   return MoeDims(**dims)
 
 
-def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16") -> list[tuple[config_table.Key, int]]:
+def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16", fp8_recipes=(),
+                fp8_dtype: str = "float8_e4m3fn") -> list[tuple[config_table.Key, int]]:
   """[(Key, M)] of every distinct call (module docstring) at each token count in `tokens`, M the call's total rows
-  (masked: G * rows per group). dtype: the numpy name of the inputs' and outputs' dtype."""
+  (masked: G * rows per group). dtype: the numpy name of the inputs' and outputs' dtype; fp8_recipes: names of
+  config_table.FP8_RECIPES whose FP8 calls to add too, with fp8_dtype (a numpy name) inputs."""
   if ep < 1 or dims.experts % ep:
     raise ValueError(f"--ep must divide the {dims.experts} experts, got {ep}")
   g = dims.experts // ep
@@ -67,4 +77,15 @@ def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16") -> list
                     (masked(h, 2 * i), g * rows), (masked(i, h), g * rows), (masked(2 * i, h), g * rows),
                     (masked(h, i), g * rows)]:
       calls.setdefault(k_n, mm)
+    for recipe in fp8_recipes:
+      fp8 = lambda op, k, n, rows=m / g, scale=recipe: config_table.make_key(
+          op, fp8_dtype, dtype, rows, k, n, g, transpose=op == "gmm_t_fp8", scale=scale)
+      fp8_calls = [(fp8("gmm_t_fp8", h, 2 * i), m), (fp8("gmm_t_fp8", i, h), m),
+                   (fp8("masked_fp8", h, 2 * i, rows), g * rows), (fp8("masked_fp8", i, h, rows), g * rows)]
+      if recipe == FP8_GMM_RECIPE:
+        tgmm = config_table.TGMM_FP8_RECIPE
+        fp8_calls += [(fp8("gmm_t_fp8", 2 * i, h), m), (fp8("gmm_t_fp8", h, i), m),
+                      (fp8("tgmm_fp8", h, 2 * i, scale=tgmm), m), (fp8("tgmm_fp8", i, h, scale=tgmm), m)]
+      for k_n, mm in fp8_calls:
+        calls.setdefault(k_n, mm)
   return list(calls.items())

@@ -3,6 +3,8 @@
     jgmm-tune --model-config examples/models/mixtral-8x7b.json --ep 1,8 --tokens 1,16,64,256,1024,4096,16384
     jgmm-tune --capture shapes.jsonl          # the keys a run with JGMM_CAPTURE_SHAPES=shapes.jsonl traced
     jgmm-tune --shape gmm,8192,4096,14336,8   # op,M,K,N,G (--dtype, --out-dtype)
+    jgmm-tune --model-config examples/models/deepseek-v3.json --ep 8 --fp8 1x128-128x128   # its FP8 calls too
+    jgmm-tune --shape masked_fp8,4096,7168,4096,4 --scale 1x128-128x128,row-channel   # FP8 (--fp8-dtype)
 
 Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every candidate (the candidate space of
 --space, or --candidates FILE, plus the configs --seed-table files hold for the key, the heuristic's config and the
@@ -26,6 +28,15 @@ each of its entries that is not the heuristic's choice is timed against the heur
 bucket's largest) by the rule above and kept (newly measured), or replaced by the heuristic's config; TABLE's
 entries, so changed, are written to --output (another file: an entry there that differs from TABLE's is rechecked,
 so that a rerun resumes).
+
+FP8 ops (config_table.FP8_OPS: gmm_fp8, gmm_t_fp8 (rhs (G, N, K)), tgmm_fp8, masked_fp8) are keyed by their scale
+recipe too: --shape's are tuned in each recipe of --scale (default 1x128-128x128: DeepSeek-V3's 1x128 activations
+and 128x128 weights; row-channel: per row and per channel), tgmm_fp8's in its one (128x1: lhs (K, M) and rhs (N, M)
+scaled per 128 rows of M, as jgmm.fp8_gmm's backward calls it); --model-config's with --fp8 RECIPES
+(jgmm/model_shapes.py: 1x128-128x128 adds jgmm.fp8_gmm's forward and backward); a capture file's as captured.
+Their inputs (--fp8-dtype) are quantised once by jgmm.quantize, so that every candidate and the xla backend read
+the same FP8 values and scales: their error bound is --err-ratio x the output dtype's unit roundoff. `python -m
+jgmm.bench --fp8 --tune` tunes the keys of the FP8 benchmark's cases (jgmm.bench_fp8.tune_argv).
 
 Candidates run in a worker process (jgmm.tune_worker): one that runs longer than --timeout seconds (a hang) or
 kills the worker (a crash) is reported and skipped, and a fresh worker goes on. Timing is serial (one candidate at
@@ -74,6 +85,7 @@ _FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
 _TGMM_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
                 _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True),
                 _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True)]
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32")  # --dtype's, --out-dtype's
 # Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits). FP8 inputs have none here:
 # every backend reads the same quantised values (tune_worker.problem), so only the product's rounding differs.
 _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
@@ -362,16 +374,23 @@ def tune_key(worker, key, m, args, report, precompiler=None):
                             gpu=device["gpu"], jgmm=device["jgmm_version"], triton=device["triton_version"])
 
 
-def _parse_shape(text, dtype, out_dtype):
-  """(Key, M) of "op,M,K,N,G"."""
+def _parse_shape(text, args):
+  """[(Key, M)] of a --shape "op,M,K,N,G": an FP8 op's once per --scale recipe (tgmm_fp8's: its one, 128x1)."""
   try:
     op, *sizes = text.split(",")
     m, k, n, g = (int(s) for s in sizes)
   except ValueError:
     raise SystemExit(f"--shape wants op,M,K,N,G (e.g. gmm,8192,4096,14336,8), got {text!r}") from None
-  if op not in ("gmm", "gmm_t", "tgmm", "masked"):
-    raise SystemExit(f"--shape: op must be gmm, gmm_t, tgmm or masked, got {op!r}")
-  return config_table.make_key(op, dtype, out_dtype, m / g, k, n, g, transpose=op in ("gmm_t", "tgmm")), m
+  if op not in config_table.OPS:
+    raise SystemExit(f"--shape: op must be one of {', '.join(config_table.OPS)}, got {op!r} in {text!r}")
+  if min(m, k, n, g) < 1:
+    raise SystemExit(f"--shape: M, K, N and G must be positive, got {text!r}")
+  transpose = op in ("gmm_t", "tgmm", "gmm_t_fp8")  # as jgmm's calls make them (tgmm_fp8: lhs (K, M))
+  if op not in config_table.FP8_OPS:
+    return [(config_table.make_key(op, args.dtype, args.out_dtype, m / g, k, n, g, transpose=transpose), m)]
+  scales = [config_table.TGMM_FP8_RECIPE] if op == "tgmm_fp8" else args.scale
+  return [(config_table.make_key(op, args.fp8_dtype, args.out_dtype, m / g, k, n, g, transpose=transpose,
+                                 scale=scale), m) for scale in scales]
 
 
 def calls(args):
@@ -385,12 +404,12 @@ def calls(args):
       except TypeError as e:
         raise SystemExit(f"{path}: line {i + 1}: not a jgmm key: {e}") from None
       found.append((key, key.rows * key.g))
-  found += [_parse_shape(s, args.dtype, args.out_dtype) for s in args.shape]
+  found += [key_m for text in args.shape for key_m in _parse_shape(text, args)]
   for path in args.model_config:
     with open(path) as f:
       dims = model_shapes.moe_dims(json.load(f), path)
     for ep in args.ep:
-      found += model_shapes.layer_calls(dims, ep, args.tokens, args.dtype)
+      found += model_shapes.layer_calls(dims, ep, args.tokens, args.dtype, args.fp8, args.fp8_dtype)
   unique = {}
   for key, m in found:
     if key.op in args.ops:
@@ -420,6 +439,25 @@ def ints(text):
   return [int(t) for t in text.split(",")]
 
 
+def _float_dtype(text):
+  """--dtype's and --out-dtype's argparse type: a numpy name of _FLOAT_DTYPES."""
+  if text not in _FLOAT_DTYPES:
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(_FLOAT_DTYPES)} (FP8 ops' inputs are "
+                                     f"--fp8-dtype), got {text!r}")
+  return text
+
+
+def _names(allowed, what):
+  """An argparse type: the list of a comma-separated text of names each in `allowed`; the error says what is
+  expected (argparse adds the flag)."""
+  def parse(text):
+    names = text.split(",")
+    if not set(names) <= set(allowed):
+      raise argparse.ArgumentTypeError(f"expected {what}, comma-separated, of {', '.join(allowed)}; got {text!r}")
+    return names
+  return parse
+
+
 def _read_table(flag, path):
   if not os.path.exists(path):
     raise SystemExit(f"{flag}: no such file: {path}")
@@ -435,17 +473,29 @@ def parse_args(argv):
   p = argparse.ArgumentParser(prog="jgmm-tune", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--capture", action="append", default=[], help="a JGMM_CAPTURE_SHAPES file (repeatable)")
-  p.add_argument("--shape", action="append", default=[], help="op,M,K,N,G (repeatable)")
+  p.add_argument("--shape", action="append", default=[],
+                 help=f"op,M,K,N,G (repeatable; op: {', '.join(config_table.OPS)}; masked: M = G x rows)")
   p.add_argument("--model-config", action="append", default=[],
                  help="a Hugging Face MoE model's config.json (jgmm/model_shapes.py; repeatable)")
   p.add_argument("--ep", type=ints, default=[1],
                  help="expert parallelism: devices the experts are spread over, comma-separated (each is tuned)")
   p.add_argument("--tokens", type=ints, default=[1, 16, 64, 256, 1024, 4096, 16384],
                  help="tokens per device, comma-separated")
-  p.add_argument("--dtype", default="bfloat16", help="--shape/--model-config inputs' dtype (numpy name)")
-  p.add_argument("--out-dtype", default=None, help="--shape outputs' dtype (default --dtype)")
-  p.add_argument("--ops", type=lambda s: s.split(","), default=["gmm", "gmm_t", "tgmm", "masked"],
-                 help="ops to tune, comma-separated")
+  p.add_argument("--dtype", default="bfloat16", type=_float_dtype,
+                 help="--shape's and --model-config's inputs' dtype (FP8 ops: their outputs' default)")
+  p.add_argument("--out-dtype", default=None, type=_float_dtype, help="--shape outputs' dtype (default --dtype)")
+  p.add_argument("--fp8-dtype", default="float8_e4m3fn", choices=("float8_e4m3fn", "float8_e4m3fnuz"),
+                 help="the FP8 ops' inputs' dtype (float8_e4m3fnuz: ROCm's)")
+  p.add_argument("--scale", type=_names(tuple(config_table.FP8_RECIPES), "FP8 scale recipes"), metavar="RECIPES",
+                 default=[model_shapes.FP8_GMM_RECIPE],
+                 help="the scale recipes of --shape's gmm_fp8, gmm_t_fp8 and masked_fp8, comma-separated (each "
+                      "tuned; tgmm_fp8's is 128x1)")
+  p.add_argument("--fp8", type=_names(tuple(config_table.FP8_RECIPES), "FP8 scale recipes"), metavar="RECIPES",
+                 default=[],
+                 help="also --model-config's FP8 calls with these scale recipes, comma-separated (1x128-128x128: "
+                      "jgmm.fp8_gmm's forward and backward; any: the FP8 forward and masked products)")
+  p.add_argument("--ops", type=_names(config_table.OPS, "ops"), default=list(config_table.OPS),
+                 help="ops to tune, comma-separated (default: all)")
   p.add_argument("--all", action="store_true", help="retune keys already tuned (in --output or the tables)")
   p.add_argument("--output", help="the table file to write (default: ./<this GPU's table name>)")
   p.add_argument("--profile-file", help="append every candidate's result to this file, one JSON line each")
@@ -462,7 +512,8 @@ def parse_args(argv):
                  help="a JSON list of Config objects to screen instead of --space")
   p.add_argument("--finalists", type=int, default=3, help="Triton candidates timed again in the final phase")
   p.add_argument("--err-ratio", type=float, default=4.0,
-                 help="reject a candidate whose error vs the xla backend exceeds this x the dtype's unit roundoff")
+                 help="reject a candidate whose error vs the xla backend exceeds this x the dtypes' unit roundoff "
+                      "(FP8 ops: the output's)")
   p.add_argument("--screen-s", type=float, default=0.01, help="seconds per screening batch")
   p.add_argument("--final-s", type=float, default=0.05, help="seconds per final-phase batch")
   p.add_argument("--min-gain", type=float, default=0.01,

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from absl.testing import absltest
 
-from jgmm import backend_triton, config_table, model_shapes, tune, tune_worker
+import jgmm
+from jgmm import backend_triton, config_table, model_shapes, quantize, tune, tune_worker
 from jgmm.config import Config
 from jgmm.triton_kernels import geometry, gmm_fp8
 
@@ -88,6 +89,100 @@ class ModelShapesTest(absltest.TestCase):
             for k, _ in model_shapes.layer_calls(model_shapes.moe_dims(json.load(open(path))), ep, [64])}
     self.assertEqual({k for k, _ in tune.calls(args)}, want)
     self.assertEqual({k.g for k in want}, {8, 1, 128, 16})  # both families at both ep
+
+  def test_fp8_calls_per_recipe(self):
+    dims = model_shapes.moe_dims(_example("deepseek-v3.json"))
+    calls = model_shapes.layer_calls(dims, 8, [4096], fp8_recipes=["1x128-128x128", "row-channel"])
+    h, i, blocks = 7168, 2048, "1x128-128x128"
+    fp8 = {(k.op, k.k, k.n, k.transpose, k.scale): m for k, m in calls if k.op in config_table.FP8_OPS}
+    self.assertEqual(fp8, {
+        **{(op, kk, nn, op == "gmm_t_fp8", scale): 32768 for scale in (blocks, "row-channel")
+           for op in ("gmm_t_fp8", "masked_fp8") for kk, nn in ((h, 2 * i), (i, h))},  # forward, masked
+        ("gmm_t_fp8", 2 * i, h, True, blocks): 32768, ("gmm_t_fp8", h, i, True, blocks): 32768,  # d lhs (fp8_gmm)
+        ("tgmm_fp8", h, 2 * i, False, "128x1"): 32768, ("tgmm_fp8", i, h, False, "128x1"): 32768})  # d rhs
+    self.assertTrue(all((k.in_dtype, k.out_dtype, k.rows, k.g) == ("fp8e4m3", "bf16", 1024, 32)
+                        for k, _ in calls if k.op in config_table.FP8_OPS))
+    self.assertEqual([c for c in calls if c[0].op not in config_table.FP8_OPS],
+                     model_shapes.layer_calls(dims, 8, [4096]))  # the bf16 calls as before
+
+  def test_fp8_calls_are_the_keys_fp8_gmm_selects_forward_and_backward(self):
+    self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))  # quantize_pair's kernel lowers
+    dims = model_shapes.MoeDims(experts=4, top_k=2, hidden=256, intermediate=192)
+    tokens, g, h, i = 64, 4, 256, 192
+
+    def layer(x, w_up, w_down, sizes):
+      gate, up = jnp.split(jgmm.fp8_gmm(x, w_up, sizes, backend="triton"), 2, axis=-1)
+      return jgmm.fp8_gmm(jax.nn.silu(gate) * up, w_down, sizes, backend="triton")
+
+    loss = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(layer(*a).astype(jnp.float32)), argnums=(0, 1, 2)))
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    selected = []
+    xla = config_table.Selection("xla", None, "exact", None, None)
+    with mock.patch.object(config_table, "select", lambda key, **_: selected.append(key) or xla):
+      loss.trace(bf16(tokens * 2, h), bf16(g, h, 2 * i), bf16(g, i, h), jax.ShapeDtypeStruct((g,), jnp.int32)).lower()
+    want = model_shapes.layer_calls(dims, 1, [tokens], fp8_recipes=["1x128-128x128"])
+    self.assertLen(selected, 6)
+    self.assertEqual(set(selected), {k for k, _ in want if k.op in ("gmm_t_fp8", "tgmm_fp8")})
+
+
+class Fp8CliTest(absltest.TestCase):
+
+  def test_fp8_shapes_take_each_scale_recipe_and_their_dtypes(self):
+    args = tune.parse_args(["--shape", "gmm_t_fp8,64,256,128,2", "--shape", "tgmm_fp8,64,256,128,2",
+                            "--shape", "masked_fp8,64,256,128,2", "--shape", "gmm_fp8,64,256,128,2",
+                            "--shape", "gmm,64,256,128,2", "--scale", "1x128-128x128,row-channel",
+                            "--out-dtype", "float32", "--fp8-dtype", "float8_e4m3fnuz"])
+    calls = tune.calls(args)
+    self.assertEqual({(k.op, k.scale, k.transpose) for k, _ in calls}, {
+        ("gmm_t_fp8", "1x128-128x128", True), ("gmm_t_fp8", "row-channel", True), ("tgmm_fp8", "128x1", False),
+        ("masked_fp8", "1x128-128x128", False), ("masked_fp8", "row-channel", False),
+        ("gmm_fp8", "1x128-128x128", False), ("gmm_fp8", "row-channel", False), ("gmm", None, False)})
+    self.assertEqual({(k.in_dtype, k.out_dtype, k.rows, k.k, k.n, k.g, m) for k, m in calls if k.op != "gmm"},
+                     {("fp8e4m3fnuz", "fp32", 32, 256, 128, 2, 64)})
+    (bf16,) = [k for k, _ in calls if k.op == "gmm"]
+    self.assertEqual((bf16.in_dtype, bf16.out_dtype), ("bf16", "fp32"))
+    default = tune.calls(tune.parse_args(["--shape", "masked_fp8,64,256,128,2"]))
+    self.assertEqual([(k.in_dtype, k.out_dtype, k.scale) for k, _ in default], [("fp8e4m3", "bf16", "1x128-128x128")])
+
+  def test_model_config_fp8_and_captured_fp8_keys_are_tuned_and_filtered_by_ops(self):
+    path = os.path.join(self.enter_context(tempfile.TemporaryDirectory()), "shapes.jsonl")
+    captured = _fp8_key("masked_fp8", 8, 64, 32, 4, scale="row-channel")
+    with open(path, "w") as f:
+      f.write(json.dumps(captured._asdict()) + "\n")
+    mixtral = os.path.join(EXAMPLES, "mixtral-8x7b.json")
+    args = tune.parse_args(["--capture", path, "--model-config", mixtral, "--tokens", "16", "--fp8", "1x128-128x128"])
+    calls = tune.calls(args)
+    self.assertEqual(calls[0], (captured, 32))
+    want = model_shapes.layer_calls(model_shapes.moe_dims(_example("mixtral-8x7b.json")), 1, [16],
+                                    fp8_recipes=["1x128-128x128"])
+    self.assertEqual(calls[1:], want)
+    self.assertLen([k for k, _ in want if k.op in config_table.FP8_OPS], 8)
+    args = tune.parse_args(["--capture", path, "--model-config", mixtral, "--tokens", "16", "--fp8", "row-channel",
+                            "--ops", "tgmm_fp8,masked_fp8"])
+    self.assertEqual({(k.op, k.scale) for k, _ in tune.calls(args)}, {("masked_fp8", "row-channel")})
+
+  def test_bad_fp8_options_name_the_flag_the_value_and_what_is_expected(self):
+    shape = ["--shape", "gmm_t_fp8,64,256,128,2"]
+    for argv, message in [
+        ([*shape, "--scale", "1x128,row"], r"argument --scale: expected FP8 scale recipes, comma-separated, of "
+                                           r"1x128-128x128, 1x128-channel, row-128x128, row-channel; got '1x128,row'"),
+        ([*shape, "--scale", "128x1"], r"argument --scale: .*got '128x1'"),
+        (["--model-config", "m.json", "--fp8", "blocks"], r"argument --fp8: expected FP8 scale recipes.*got 'blocks'"),
+        ([*shape, "--ops", "gmm,gmm_fp9"], r"argument --ops: expected ops, comma-separated, of gmm, .*masked_fp8; "
+                                           r"got 'gmm,gmm_fp9'"),
+        ([*shape, "--dtype", "float8_e4m3fn"], r"argument --dtype: expected one of bfloat16, float16, float32 "
+                                               r"\(FP8 ops' inputs are --fp8-dtype\), got 'float8_e4m3fn'"),
+        ([*shape, "--out-dtype", "float8_e4m3fn"], r"argument --out-dtype: expected one of bfloat16"),
+        ([*shape, "--fp8-dtype", "float8_e5m2"], r"argument --fp8-dtype: invalid choice: 'float8_e5m2'")]:
+      with self.subTest(argv=argv), mock.patch("sys.stderr", new_callable=io.StringIO) as err:
+        with self.assertRaises(SystemExit):
+          tune.parse_args(argv)
+        self.assertRegex(err.getvalue(), message)
+    for text, message in [("gmm_fp9,64,256,128,2", r"--shape: op must be one of gmm, .*, got 'gmm_fp9'"),
+                          ("tgmm_fp8,64,256,128", r"--shape wants op,M,K,N,G .*got 'tgmm_fp8,64,256,128'"),
+                          ("masked_fp8,64,256,128,0", r"--shape: M, K, N and G must be positive, got")]:
+      with self.subTest(text=text), self.assertRaisesRegex(SystemExit, message):
+        tune.calls(tune.parse_args(["--shape", text]))
 
 
 # A scripted worker: candidate block_m 32 hangs, 64 crashes the process, 128 fails to compile (in the compile phase
@@ -494,6 +589,36 @@ class Fp8WorkerTest(absltest.TestCase):
                              "platforms": ["cuda"], "candidates": cands}, events.append)
       self.assertEqual([e.get("compiled") for e in events if e["event"] == "result"], [True] * len(cands), events)
       self.assertEqual(ws.call_count, len(cands), op)
+
+
+class Fp8EndToEndTest(absltest.TestCase):
+
+  def test_a_tuned_fp8_entry_is_what_a_real_call_selects(self):
+    """The tuner (its worker process on the CPU: the xla backend alone) writes tgmm_fp8's entry for a --shape; jgmm's
+    FP8 tgmm in jgmm.fp8_gmm's backward layout then selects exactly that entry."""
+    output = os.path.join(self.enter_context(tempfile.TemporaryDirectory()), "table.json")
+    self.enter_context(mock.patch.dict(os.environ, {"JAX_PLATFORMS": "cpu"}))
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      tune.main(["--shape", "tgmm_fp8,256,256,128,2", "--backends", "xla", "--output", output, "--jobs", "0",
+                 "--screen-s", "0.001", "--final-s", "0.001", "--timeout", "60"])
+    self.assertIn("tuned 1 of 1 keys", out.getvalue())
+    (entry,) = config_table.read_table(output).values()
+    self.assertEqual(entry.key, _fp8_key("tgmm_fp8", 128, 256, 128, 2))
+    self.assertEqual((entry.backend, entry.max_rel_err), ("xla", 0.0))
+    self.assertGreater(entry.us, 0)
+    m, k, n = 256, 256, 128
+    lhs = quantize.quantize(jax.random.normal(jax.random.key(1), (k, m)), "1x128")  # lhs^T (K, M), as fp8_gmm's
+    rhs = quantize.quantize(jax.random.normal(jax.random.key(2), (n, m)), "1x128")  # dout^T (N, M)
+    tgmm = lambda backend: jax.jit(lambda l, ls, r, rs: jgmm.tgmm(
+        l, r, jnp.array([128, 128]), lhs_scale=ls, rhs_scale=rs, transpose_rhs=True, backend=backend))
+    selections = []
+    select = config_table.select
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_CONFIG_FILES": output}))
+    with mock.patch.object(config_table, "select", lambda *a, **kw: selections.append(select(*a, **kw)) or
+                           selections[-1]):
+      out = tgmm("triton")(*lhs, *rhs)  # backend_triton looks the call up: the entry chooses xla's backend
+    self.assertEqual([(s.source, s.backend, s.file, s.entry) for s in selections], [("exact", "xla", output, entry)])
+    self.assertTrue(jnp.array_equal(out, tgmm("xla")(*lhs, *rhs)))
 
 
 class ResumeTest(absltest.TestCase):
