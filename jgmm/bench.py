@@ -27,7 +27,8 @@ does not read it unless JGMM_CONFIG_FILES names it. Timings and lessons of each 
 docs/perf-notes.md.
 
 --fp8 runs the FP8 section instead (jgmm.bench_fp8: DeepGEMM's cases, torch's FP8 peers; --cases filters its
-case names; --tune sweeps the FP8 kernels' configs first).
+case names); with --tune, jgmm-tune first tunes its cases' FP8 products (both scale recipes) into DIR/tuned.json
+(bench_fp8.tune_argv; --tune-ops does not apply).
 """
 import argparse
 import json
@@ -299,25 +300,27 @@ def main(argv=None):
                       help="seconds: ragged_dot is timed by a single call once one call takes longer")
   parser.add_argument("--tune", action="store_true",
                       help="tune the cases' kernels first (jgmm-tune): DIR/tuned.json, a table for JGMM_CONFIG_FILES")
-  parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm")
+  parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm (not --fp8)")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   if args.fp8:
-    if jax.devices()[0].platform != "gpu":
-      sys.exit("jgmm.bench needs a GPU")
     from jgmm import bench_fp8  # Imports jgmm.bench: a cycle resolved at call time.
-    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
-    bench_fp8.run(args.out, args.cases, args.tune)
-    return
-  cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    tune_args = bench_fp8.tune_argv(args.cases, args.out)
+  else:
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    tune_args = tune_argv(cases, args.tune_ops, args.out)
   if args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
-    tune.main(tune_argv(cases, args.tune_ops, args.out))
+    tune.main(tune_args)
   if args.no_bench:
     return
   if jax.devices()[0].platform != "gpu":
     sys.exit("jgmm.bench needs a GPU")
+  if args.fp8:
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
+    bench_fp8.run(args.out, args.cases)
+    return
   device = jax.devices()[0]
   print(f"device: {device.device_kind}, jax {jax.__version__}, triton {triton.__version__}", flush=True)
   ceilings = measure_ceilings()

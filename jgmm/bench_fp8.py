@@ -14,10 +14,10 @@ case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, w
 adds a one-element update (a few us), so jgmm's figures are, if anything, low. torch's eager calls dispatch in
 about 10 us and are timed one by one.
 
-With --tune, each case's FP8 kernel (1x128 / 128x128) is first timed with every config of FP8_CANDIDATES; the
-fastest per config_table key goes to out_dir/tuned_fp8.json ({key: Config fields}, to enter in the tables).
+`python -m jgmm.bench --fp8 --tune` first tunes the keys of the cases' FP8 products in both recipes (tune_argv:
+jgmm-tune --shape lines) into out_dir/tuned.json, a table for JGMM_CONFIG_FILES or configs/; the products here
+select their configs from the tables (config_table.select), as any call does.
 """
-import dataclasses
 import functools
 import json
 import os
@@ -29,7 +29,6 @@ import numpy as np
 
 import jgmm
 from jgmm import bench, config_table, quantize, timing
-from jgmm.config import Config
 
 MASKED_CASES = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]  # (G, expected_m)
 CONTIGUOUS_CASES = [(4, 8192), (8, 4096)]  # (G, rows per group)
@@ -42,18 +41,9 @@ DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168
             ("contiguous", 4, 8192, 7168, 2048): 1214, ("contiguous", 8, 4096, 7168, 2048): 1214}
 RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
 FP8_PEAK_FLOPS = 1979e12  # H100 / H200 dense FP8 (datasheet): sizes timing.chain's runs
+# The FP8 recipes timed (jax_impls' jgmm_fp8_<name>): config_table.FP8_RECIPES names.
+RECIPES = {"blocks": "1x128-128x128", "rowwise": "row-channel"}
 
-
-FP8_CANDIDATES = [
-    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False),
-    Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=True),
-    Config(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4, tma=True),
-    Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=True),
-    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=False),
-    Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=5, tma=True),
-    Config(block_m=64, block_n=256, block_k=128, num_warps=4, num_stages=4, tma=True),
-    Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=6, tma=True),
-]
 
 
 def _round_up(x, multiple):
@@ -79,7 +69,8 @@ def _case_inputs(layout, g, rows, n, k):
 
 def _product(layout, rows, config=None):
   """The jgmm op of a layout as product(x, w, groups, x_scale, w_scale) (scales None in bf16): masked_gmm with
-  x (G, max_m, K), w (G, N, K), masked_m (G,), or gmm with lhs (M, K), K-major rhs (G, N, K), group sizes (G,)."""
+  x (G, max_m, K), w (G, N, K), masked_m (G,), or gmm with lhs (M, K), K-major rhs (G, N, K), group sizes (G,).
+  config: forced (docs/experiments' A/B scripts), or None: the tables' choice."""
   if layout == "masked":
     return lambda x, w, mm, xs, ws: jgmm.masked_gmm(x, w, mm, x_scale=xs, w_scale=ws, expected_m=rows, config=config)
   return lambda x, w, gs, xs, ws: jgmm.gmm(x, w, gs, lhs_scale=xs, rhs_scale=ws, transpose_rhs=True, config=config)
@@ -95,33 +86,6 @@ def _chained(product, runs):
   return jax.jit(timing.chain(lambda xq, xs, wq, ws, gs: product(xq, wq, gs, xs, ws), runs))
 
 
-def tune_case(layout, g, rows, n, k):
-  """{table key: fields of the fastest of FP8_CANDIDATES} for one case's FP8 kernel (1x128 / 128x128 scales),
-  each config timed over timing.chain's runs (the GPU's time, not the host's dispatch)."""
-  x, w, groups, valid = _case_inputs(layout, g, rows, n, k)
-  args = (*quantize.quantize(x, "1x128"), *quantize.quantize(w, "128x128"), jnp.asarray(groups))
-  runs = _runs(valid, n, k)
-  if layout == "masked":
-    key = config_table.make_key("masked_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, scale="1x128-128x128")
-  else:
-    key = config_table.make_key("gmm_t_fp8", "float8_e4m3fn", "bfloat16", rows, k, n, g, transpose=True,
-                                scale="1x128-128x128")
-  timings = {}
-  for i, config in enumerate(FP8_CANDIDATES):
-    fn = _chained(_product(layout, rows, config), runs)
-    try:
-      timings[i] = timing.time_ms(lambda: fn(*args), timing.jax_sync, min_batch_s=0.02, batches=5) / runs
-    except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is skipped
-      print(f"  {key} {config}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-      continue
-    print(f"  {key} {timings[i]:.3f} ms {config}", flush=True)
-  if not timings:
-    return {}
-  best = min(timings, key=timings.get)
-  print(f"  best {key}: {timings[best]:.3f} ms {FP8_CANDIDATES[best]}", flush=True)
-  return {str(key): dataclasses.asdict(FP8_CANDIDATES[best])}
-
-
 def jax_impls(layout, rows, x, w, groups, runs):
   """{impl: fn} of jgmm on one case: FP8 with DeepSeek-V3 blocks (1x128 / 128x128), FP8 per row / per channel,
   bf16; a call of fn runs the product `runs` times (timing.chain). Each fn is functools.partial(jitted function,
@@ -129,8 +93,11 @@ def jax_impls(layout, rows, x, w, groups, runs):
   product = _product(layout, rows)
   gs = jnp.asarray(groups)
   fp8 = _chained(product, runs)
-  impls = {f"jgmm_fp8_{name}": functools.partial(fp8, *quantize.quantize(x, xr), *quantize.quantize(w, wr), gs)
-           for name, (xr, wr) in (("blocks", ("1x128", "128x128")), ("rowwise", ("row", "row")))}
+  impls = {}
+  for name, recipe in RECIPES.items():
+    x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
+    impls[f"jgmm_fp8_{name}"] = functools.partial(fp8, *quantize.quantize(x, x_recipe),
+                                                  *quantize.quantize(w, w_recipe), gs)
   bf16 = jax.jit(timing.chain(lambda x, w, gs: product(x, w, gs, None, None), runs))
   return impls | {"jgmm_bf16": functools.partial(bf16, x, w, gs)}
 
@@ -232,28 +199,38 @@ def _print(results, recipe):
     print(f"recipe speedup geomean: {statistics.geometric_mean([r['speedup'] for r in recipe]):.2f}x")
 
 
-def run(out_dir, cases="", tune=False):
-  """The FP8 section: every case (or the names in `cases`, e.g. "masked-1x1024-4096-7168,recipe"), printed and
-  written to out_dir/bench_fp8.json; with tune, the config sweep first (out_dir/tuned_fp8.json)."""
-  wanted = set(filter(None, cases.split(",")))
-  results, tuned = [], {}
-  for layout, grid in (("masked", MASKED_CASES), ("contiguous", CONTIGUOUS_CASES)):
-    for g, rows in grid:
-      for n, k in SHAPES:
-        name = f"{layout}-{g}x{rows}-{n}-{k}"
-        if wanted and name not in wanted:
-          continue
-        print(f"benchmarking {name}", flush=True)
-        try:
-          if tune:
-            tuned.update(tune_case(layout, g, rows, n, k))
-            with open(os.path.join(out_dir, "tuned_fp8.json"), "w") as f:
-              json.dump({"entries": tuned}, f, indent=1, sort_keys=True)
-          results.append(bench_fp8_case(layout, g, rows, n, k))
-        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
-          print(f"  {name}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+def cases(wanted=""):
+  """[(name, layout, G, rows, N, K)] of the FP8 cases (module docstring), or of those named in `wanted` (comma-
+  separated, e.g. "masked-1x1024-4096-7168"; other names, such as run()'s "recipe", select none here)."""
+  names = set(filter(None, wanted.split(",")))
+  every = [(f"{layout}-{g}x{rows}-{n}-{k}", layout, g, rows, n, k)
+           for layout, grid in (("masked", MASKED_CASES), ("contiguous", CONTIGUOUS_CASES))
+           for g, rows in grid for n, k in SHAPES]
+  return [case for case in every if not names or case[0] in names]
+
+
+def tune_argv(wanted, out_dir):
+  """jgmm-tune's arguments for the FP8 products of cases(wanted) in each of RECIPES (bf16 out): masked_fp8 keys of
+  G x rows (the expected_m a case passes; max_m = rows, all valid), gmm_t_fp8 keys of the contiguous cases."""
+  shapes = []
+  for _, layout, g, rows, n, k in cases(wanted):
+    shapes += ["--shape", f"{'masked_fp8' if layout == 'masked' else 'gmm_t_fp8'},{g * rows},{k},{n},{g}"]
+  return [*shapes, "--scale", ",".join(RECIPES.values()), "--out-dtype", "bfloat16",
+          "--output", os.path.join(out_dir, "tuned.json")]
+
+
+def run(out_dir, wanted=""):
+  """The FP8 section: every case (or the names in `wanted`, e.g. "masked-1x1024-4096-7168,recipe"), printed and
+  written to out_dir/bench_fp8.json."""
+  results = []
+  for name, layout, g, rows, n, k in cases(wanted):
+    print(f"benchmarking {name}", flush=True)
+    try:
+      results.append(bench_fp8_case(layout, g, rows, n, k))
+    except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
+      print(f"  {name}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
   recipe = []
-  if not wanted or "recipe" in wanted:
+  if not wanted or "recipe" in wanted.split(","):
     for case in bench.CASES:
       if case[0] in RECIPE_CASES:
         print(f"benchmarking recipe {case[0]}", flush=True)

@@ -8,7 +8,8 @@
 #   TIME_LIMIT=420: the tuner's --time-limit (seconds); BENCH=1: then python -m jgmm.bench_tuned (each key tuned vs
 #   the heuristic, and the geomean) for what is left of BUDGET=540 seconds; JOBS: the tuner's --jobs (default: the
 #   CPU cores less two, the timing worker's and the tuner's); TUNE_ARGS: more tuner options, e.g. to tune from
-#   another GPU's choices: TUNE_ARGS="--space none --seed-table configs/sm90-nvidia_h100_80gb_hbm3.json".
+#   another GPU's choices: TUNE_ARGS="--space none --seed-table configs/sm90-nvidia_h100_80gb_hbm3.json", or the
+#   models' FP8 calls too (jgmm.fp8_gmm's forward and backward, FP8 masked): TUNE_ARGS="--fp8 1x128-128x128".
 #   RECHECK=1: instead, jgmm-tune --recheck TABLE (its entries that differ from the heuristic's config, timed against
 #   it again: kept or replaced) into /tmp/jgmm-recheck/<TABLE's name> (a rerun on the same, warm machine resumes),
 #   copied to $OUT.
@@ -53,7 +54,7 @@ else
   fi
   models=(examples/models/{mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-20b}.json)
   python -m jgmm.tune "${models[@]/#/--model-config=}" --ep 1,8 --tokens 1,16,64,256,1024,4096,16384 \
-    --ops gmm,gmm_t,tgmm,masked --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
+    --output "$output" "${common[@]}" ${TUNE_ARGS:-} 2>&1 | tee "$log_dir/tune.log"
 fi
 left=$(( ${BUDGET:-540} - SECONDS ))
 if [[ ${BENCH:-0} == 1 && $left -gt 60 ]]; then

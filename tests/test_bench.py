@@ -1,7 +1,7 @@
 """jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
-jgmm.bench_fp8 times its products through it."""
+jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select."""
 import functools
 import os
 import sys
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench, bench_fp8, bench_hetero, bench_tuned, config_table, timing
+from jgmm import bench, bench_fp8, bench_hetero, bench_tuned, config_table, timing, tune
 
 
 def _results():
@@ -96,6 +96,38 @@ class Fp8BenchTest(absltest.TestCase):
         once = [kernels(f) for f in single.values()]
         self.assertGreater(min(once), 0, layout)
         self.assertEqual([kernels(f) for f in chained.values()], [3 * c for c in once], layout)
+
+
+class Fp8BenchTuneTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    for name, value in (("MASKED_CASES", [(2, 20)]), ("CONTIGUOUS_CASES", [(2, 64)]), ("SHAPES", [(256, 384)])):
+      self.enter_context(mock.patch.object(bench_fp8, name, value))
+
+  def test_the_tuner_tunes_the_keys_the_bench_products_select(self):
+    """tune_argv's keys (jgmm-tune --shape lines) are those the bench's FP8 products look up, both recipes."""
+    self.enter_context(mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}))
+    self.assertEqual([c[0] for c in bench_fp8.cases()], ["masked-2x20-256-384", "contiguous-2x64-256-384"])
+    selected = []
+    xla = config_table.Selection("xla", None, "exact", None, None)
+    for _, layout, g, rows, n, k in bench_fp8.cases():
+      x, w, groups, _ = bench_fp8._case_inputs(layout, g, rows, n, k)
+      fns = bench_fp8.jax_impls(layout, rows, x, w, groups, 1)
+      with mock.patch.object(config_table, "select", lambda key, **_: selected.append(key) or xla):
+        for name in ("jgmm_fp8_blocks", "jgmm_fp8_rowwise"):
+          fns[name].func.trace(*fns[name].args).lower(lowering_platforms=("cuda",))
+    self.assertLen(selected, 4)
+    tuned = tune.calls(tune.parse_args(bench_fp8.tune_argv("", "out")))
+    self.assertEqual({key for key, _ in tuned}, set(selected))
+    self.assertEqual({(key.op, key.rows, m) for key, m in tuned}, {("masked_fp8", 32, 40), ("gmm_t_fp8", 64, 128)})
+
+  def test_bench_fp8_tune_runs_the_tuner_on_the_named_cases(self):
+    out = self.enter_context(tempfile.TemporaryDirectory())
+    with mock.patch.object(tune, "main") as tuner:
+      bench.main(["--fp8", "--tune", "--no-bench", "--cases", "contiguous-2x64-256-384", "--out", out])
+    tuner.assert_called_once_with(["--shape", "gmm_t_fp8,128,384,256,2", "--scale", "1x128-128x128,row-channel",
+                                   "--out-dtype", "bfloat16", "--output", os.path.join(out, "tuned.json")])
 
 
 class HeteroFp8CaseTest(absltest.TestCase):
