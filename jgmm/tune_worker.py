@@ -15,8 +15,9 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
     then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
     "us" their median).
-Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing),
-several runs of the op in one program for a small key (problem()); every time reported is one run's.
+Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing; FP8
+ops': quantised once, so every candidate reads the same FP8 values and scales), several runs of the op in one
+program for a small key (problem()); every time reported is one run's.
 """
 import importlib.metadata
 import json
@@ -69,8 +70,9 @@ def _check_timeable(key):
     recipes = tuple(config_table.FP8_RECIPES)
   if key.scale not in recipes:
     raise ValueError(f"jgmm.tune cannot time {key.op} with scale {key.scale!r}: expected one of {recipes}")
-  if fp8 and (key.bias or key.activation or key.accumulate or (key.op != "tgmm_fp8"
-                                                               and key.transpose != (key.op == "gmm_t_fp8"))):
+  made = not (key.bias or key.activation or key.accumulate) and (key.op == "tgmm_fp8"
+                                                                  or key.transpose == (key.op == "gmm_t_fp8"))
+  if fp8 and not made:
     raise ValueError(f"jgmm.tune cannot time {key}: no FP8 call makes it (FP8 ops take no bias, activation or "
                      f"existing_out; transpose is gmm_t_fp8's, or tgmm_fp8's transpose_lhs)")
 
@@ -94,17 +96,16 @@ def problem(key, m, seed=0, abstract=False):
   """
   _check_timeable(key)
   fp8 = key.op in config_table.FP8_OPS
-  out_dtype = _DTYPES[key.out_dtype]
+  in_dtype, out_dtype = (_FP8_DTYPES if fp8 else _DTYPES)[key.in_dtype], _DTYPES[key.out_dtype]
   g, k, n = key.g, key.k, key.n
   keys = iter(list(jax.random.split(jax.random.key(seed), 4)))
-  dtype = jnp.float32 if fp8 else _DTYPES[key.in_dtype]  # FP8 operands: float32 values, then quantised
+  dtype = jnp.float32 if fp8 else in_dtype  # FP8 operands: float32 values, then quantised
   normal = lambda shape, scale=1.0: (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
   build = jax.eval_shape if abstract else lambda make: make()
   flops = 2 * m * k * n
   on_gpu = not abstract and jax.default_backend() == "gpu"  # elsewhere calls are synchronous: nothing to amortise
-  floor_ms = bench.speed_of_light_ms(
-      m, k, n, g, bench.H200_FP8_FLOPS if fp8 else bench.H200_CEILINGS[0],
-      in_bytes=jnp.dtype(_FP8_DTYPES[key.in_dtype] if fp8 else dtype).itemsize, out_bytes=jnp.dtype(out_dtype).itemsize)
+  floor_ms = bench.speed_of_light_ms(m, k, n, g, bench.H200_FP8_FLOPS if fp8 else bench.H200_CEILINGS[0],
+                                     in_bytes=jnp.dtype(in_dtype).itemsize, out_bytes=jnp.dtype(out_dtype).itemsize)
   runs = timing.chain_runs(floor_ms) if on_gpu else 1
   jit = lambda op: jax.jit(timing.chain(op, runs))
   sizes = bench.group_sizes(m, g, seed)
@@ -135,7 +136,7 @@ def _fp8_problem(key, m, normal, sizes, out_dtype):
   """(make_arrays: () -> the quantised arrays, op(backend, config) -> fn of them) of an FP8 key (problem()). The
   first array is the FP8 activations, which every run reads (timing.chain)."""
   g, k, n = key.g, key.k, key.n
-  fp8 = lambda x, recipe: quantize.quantize(x, recipe, _FP8_DTYPES[key.in_dtype])
+  fp8 = lambda x, recipe: quantize.quantize(x, recipe, _FP8_DTYPES[key.in_dtype])  # (q, scale)
   if key.op == "tgmm_fp8":  # out (G, K, N): lhs (K, M) / rhs (N, M) per 1x128, or (M, K) / (M, N) per 128x1
     recipe, swap = ("128x1", lambda shape: shape) if key.transpose else ("1x128", lambda shape: shape[::-1])
     make = lambda: (*fp8(normal(swap((m, k))), recipe), *fp8(normal(swap((m, n))), recipe), jnp.asarray(sizes))
