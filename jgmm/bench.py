@@ -60,6 +60,14 @@ def group_sizes(m, g, seed=0):
   return rng.multinomial(m, np.full(g, 1.0 / g)).astype(np.int32)
 
 
+def masked_layout(g, expected_m, seed=0):
+  """(max_m, masked_m (G,) int32) of a masked (decode) case as DeepGEMM benchmarks it: each group's valid rows
+  drawn uniformly from [0.7, 1.3] x expected_m, max_m the largest possible rounded up to a multiple of 128."""
+  rng = np.random.default_rng(seed)
+  masked_m = rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
+  return -(-(int(1.3 * expected_m) + 1) // 128) * 128, masked_m
+
+
 H200_CEILINGS = (797e12, 4.3e12)  # bf16 FLOP/s and bytes/s measured on an H200: moe_shapes.py's defaults.
 H200_FP8_FLOPS = 2 * H200_CEILINGS[0]  # FP8 tensor cores (Hopper): twice bf16's rate.
 

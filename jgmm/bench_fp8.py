@@ -46,23 +46,14 @@ RECIPES = {"blocks": "1x128-128x128", "rowwise": "row-channel"}
 
 
 
-def _round_up(x, multiple):
-  return -(-x // multiple) * multiple
-
-
-def _masked_m(g, expected_m, seed=0):
-  rng = np.random.default_rng(seed)
-  return rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
-
-
 def _case_inputs(layout, g, rows, n, k):
   """(x (G, max_m, K) masked or (M, K) contiguous, w (G, N, K), groups: masked_m or group sizes, valid rows) of a
   case, bf16 (fixed seeds: every variant and peer gets the same values)."""
   k1, k2 = jax.random.split(jax.random.key(0))
   w = jax.random.normal(k2, (g, n, k), jnp.bfloat16)
   if layout == "masked":
-    masked_m = _masked_m(g, rows)
-    x = jax.random.normal(k1, (g, _round_up(int(1.3 * rows) + 1, 128), k), jnp.bfloat16)
+    max_m, masked_m = bench.masked_layout(g, rows)
+    x = jax.random.normal(k1, (g, max_m, k), jnp.bfloat16)
     return x, w, masked_m, int(masked_m.sum())
   return jax.random.normal(k1, (g * rows, k), jnp.bfloat16), w, np.full(g, rows, np.int32), g * rows
 

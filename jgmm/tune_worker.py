@@ -83,7 +83,9 @@ def problem(key, m, seed=0, abstract=False):
   light) on a GPU, so that timing it times the GPU's work, not the host's dispatch (divide by runs). abstract: the
   arrays' jax.ShapeDtypeStructs (enough to lower; nothing allocated) and one run.
 
-  Inputs: fresh normal values (balanced routing: bench.group_sizes; masked: G x m / G rows, all valid). FP8 ops
+  Inputs: fresh normal values (balanced routing: bench.group_sizes; masked: expected_m = m / G, each group's valid
+  rows drawn from [0.7, 1.3] x expected_m in a (G, max_m, K) buffer, as DeepGEMM benchmarks it:
+  bench.masked_layout). FP8 ops
   (key.op in config_table.FP8_OPS) get them quantised by jgmm.quantize with key.scale's recipe: every backend
   reads the same FP8 values and scales, so max_rel_err compares the products alone. The call goes through jgmm's
   public op as a real call of key makes it (the key select() looks up is key):
@@ -92,7 +94,7 @@ def problem(key, m, seed=0, abstract=False):
     tgmm: jgmm.tgmm, lhs (M, K) (transpose_lhs) or (K, M), rhs (M, N); tgmm_fp8: jgmm.tgmm with scales per 128 rows
       of M, lhs (K, M) and rhs (N, M) (transpose_rhs) as jgmm.fp8_gmm's backward calls it, or lhs (M, K) and
       rhs (M, N) where key.transpose (a key does not record rhs's layout);
-    masked / masked_fp8: jgmm.masked_gmm, x (G, m / G, K), w (G, N, K) (x_scale and w_scale).
+    masked / masked_fp8: jgmm.masked_gmm, x (G, max_m, K), w (G, N, K), expected_m (x_scale and w_scale).
   """
   _check_timeable(key)
   fp8 = key.op in config_table.FP8_OPS
@@ -109,13 +111,16 @@ def problem(key, m, seed=0, abstract=False):
   runs = timing.chain_runs(floor_ms) if on_gpu else 1
   jit = lambda op: jax.jit(timing.chain(op, runs))
   sizes = bench.group_sizes(m, g, seed)
+  if key.op in ("masked", "masked_fp8"):  # expected_m = m / G; sizes: masked_m, flops of its valid rows
+    max_m, sizes = bench.masked_layout(g, m // g, seed)
+    flops = 2 * int(sizes.sum()) * k * n
   if fp8:
-    arrays, op = _fp8_problem(key, m, normal, sizes, out_dtype)
+    arrays, op = _fp8_problem(key, m, normal, sizes, out_dtype, max_m if key.op == "masked_fp8" else None)
     return build(arrays), lambda backend, config: jit(op(backend, config)), flops, runs
   if key.op == "masked":
-    arrays = build(lambda: (normal((g, m // g, k), k**-0.5), normal((g, n, k)), jnp.full((g,), m // g, jnp.int32)))
+    arrays = build(lambda: (normal((g, max_m, k), k**-0.5), normal((g, n, k)), jnp.asarray(sizes)))
     return arrays, lambda backend, config: jit(lambda x, w, mm: jgmm.masked_gmm(
-        x, w, mm, preferred_element_type=out_dtype, config=config, backend=backend)), flops, runs
+        x, w, mm, preferred_element_type=out_dtype, expected_m=m // g, config=config, backend=backend)), flops, runs
   if key.op == "tgmm":
     arrays = build(lambda: (normal((m, k) if key.transpose else (k, m), m**-0.5), normal((m, n)), jnp.asarray(sizes),
                             normal((g, k, n)).astype(out_dtype) if key.accumulate else None))
@@ -132,9 +137,10 @@ def problem(key, m, seed=0, abstract=False):
           existing_out=existing, activation=key.activation, config=config, backend=backend)), flops, runs
 
 
-def _fp8_problem(key, m, normal, sizes, out_dtype):
+def _fp8_problem(key, m, normal, sizes, out_dtype, max_m):
   """(make_arrays: () -> the quantised arrays, op(backend, config) -> fn of them) of an FP8 key (problem()). The
-  first array is the FP8 activations, which every run reads (timing.chain)."""
+  first array is the FP8 activations, which every run reads (timing.chain). masked_fp8: sizes are masked_m, x
+  (G, max_m, K)."""
   g, k, n = key.g, key.k, key.n
   fp8 = lambda x, recipe: quantize.quantize(x, recipe, _FP8_DTYPES[key.in_dtype])  # (q, scale)
   if key.op == "tgmm_fp8":  # out (G, K, N): lhs (K, M) / rhs (N, M) per 1x128, or (M, K) / (M, N) per 128x1
@@ -145,10 +151,10 @@ def _fp8_problem(key, m, normal, sizes, out_dtype):
         transpose_rhs=not key.transpose, preferred_element_type=out_dtype, config=config, backend=backend)
   lhs_recipe, rhs_recipe = config_table.FP8_RECIPES[key.scale]
   if key.op == "masked_fp8":
-    make = lambda: (*fp8(normal((g, m // g, k)), lhs_recipe), *fp8(normal((g, n, k)), rhs_recipe),
-                    jnp.full((g,), m // g, jnp.int32))
+    make = lambda: (*fp8(normal((g, max_m, k)), lhs_recipe), *fp8(normal((g, n, k)), rhs_recipe), jnp.asarray(sizes))
     return make, lambda backend, config: lambda x, x_scale, w, w_scale, mm: jgmm.masked_gmm(
-        x, w, mm, x_scale=x_scale, w_scale=w_scale, preferred_element_type=out_dtype, config=config, backend=backend)
+        x, w, mm, x_scale=x_scale, w_scale=w_scale, preferred_element_type=out_dtype, expected_m=m // g,
+        config=config, backend=backend)
 
   def make():  # rhs quantised as (G, N, K) (its scales read the same in either layout), then laid out as (G, K, N)
     rhs, rhs_scale = fp8(normal((g, n, k)), rhs_recipe)
