@@ -14,7 +14,8 @@ expert). Calls, with H = hidden and I = intermediate:
   backward: d lhs of each: gmm_t (the rhs read transposed: K = 2I, N = H and K = H, N = I);
             d rhs of each: tgmm with lhs transposed (K = H, N = 2I and K = I, N = H);
   masked (the decode layout, G x ceil(M / G) rows): masked (K = H, N = 2I), (K = I, N = H), and their d x
-            (K = 2I, N = H), (K = H, N = I).
+            (K = 2I, N = H), (K = H, N = I), with transpose (masked_gmm_kn: the weights (G, N, K) read in place as
+            (G, K', N'), as the backward's key records it).
 In FP8 (fp8_recipes; FP8 inputs, outputs in the layer's dtype), per scale recipe: the forward products as FP8 gmms
 of K-major weights (G, N, K), as jgmm.fp8_gmm quantises them: gmm_t_fp8 (K = H, N = 2I), (K = I, N = H), and the
 masked layout's masked_fp8 (the same K and N; FP8 masked_gmm has no backward). With jgmm.fp8_gmm's own recipe
@@ -70,12 +71,12 @@ def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16", fp8_rec
     m = t * dims.top_k
     rows = -(-m // g)
     key = lambda op, k, n, **flags: config_table.make_key(op, dtype, dtype, m / g, k, n, g, **flags)
-    masked = lambda k, n: config_table.make_key("masked", dtype, dtype, rows, k, n, g)
+    masked = lambda k, n, **flags: config_table.make_key("masked", dtype, dtype, rows, k, n, g, **flags)
     for k_n, mm in [(key("gmm", h, 2 * i, activation="swiglu"), m), (key("gmm", i, h), m),
                     (key("gmm_t", 2 * i, h, transpose=True), m), (key("gmm_t", h, i, transpose=True), m),
                     (key("tgmm", h, 2 * i, transpose=True), m), (key("tgmm", i, h, transpose=True), m),
-                    (masked(h, 2 * i), g * rows), (masked(i, h), g * rows), (masked(2 * i, h), g * rows),
-                    (masked(h, i), g * rows)]:
+                    (masked(h, 2 * i), g * rows), (masked(i, h), g * rows), (masked(2 * i, h, transpose=True), g * rows),
+                    (masked(h, i, transpose=True), g * rows)]:
       calls.setdefault(k_n, mm)
     for recipe in fp8_recipes:
       fp8 = lambda op, k, n, rows=m / g, scale=recipe: config_table.make_key(

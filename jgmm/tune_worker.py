@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 import jgmm
-from jgmm import bench, config_table, quantize, timing
+from jgmm import bench, config_table, primitives, quantize, timing
 from jgmm.config import Config
 
 _DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
@@ -94,7 +94,8 @@ def problem(key, m, seed=0, abstract=False):
     tgmm: jgmm.tgmm, lhs (M, K) (transpose_lhs) or (K, M), rhs (M, N); tgmm_fp8: jgmm.tgmm with scales per 128 rows
       of M, lhs (K, M) and rhs (N, M) (transpose_rhs) as jgmm.fp8_gmm's backward calls it, or lhs (M, K) and
       rhs (M, N) where key.transpose (a key does not record rhs's layout);
-    masked / masked_fp8: jgmm.masked_gmm, x (G, max_m, K), w (G, N, K), expected_m (x_scale and w_scale).
+    masked / masked_fp8: jgmm.masked_gmm, x (G, max_m, K), w (G, N, K), expected_m (x_scale and w_scale); masked
+      with key.transpose: masked_gmm's d x product (primitives.masked_gmm_kn), w (G, K, N) read in place.
   """
   _check_timeable(key)
   fp8 = key.op in config_table.FP8_OPS
@@ -117,6 +118,11 @@ def problem(key, m, seed=0, abstract=False):
   if fp8:
     arrays, op = _fp8_problem(key, m, normal, sizes, out_dtype, max_m if key.op == "masked_fp8" else None)
     return build(arrays), lambda backend, config: jit(op(backend, config)), flops, runs
+  if key.op == "masked" and key.transpose:  # masked_gmm's d x: no public op takes a config for it
+    arrays = build(lambda: (normal((g, max_m, k), k**-0.5), normal((g, k, n)), jnp.asarray(sizes)))
+    return arrays, lambda backend, config: jit(lambda x, w, mm: primitives.masked_gmm_kn(
+        x, w, mm, out_dtype=out_dtype, expected_m=m // g, precision=None, config=config, backend=backend)[0]), \
+        flops, runs
   if key.op == "masked":
     arrays = build(lambda: (normal((g, max_m, k), k**-0.5), normal((g, n, k)), jnp.asarray(sizes)))
     return arrays, lambda backend, config: jit(lambda x, w, mm: jgmm.masked_gmm(

@@ -58,7 +58,7 @@ class ModelShapesTest(absltest.TestCase):
         ("gmm_t", 2 * i, h, True, None): 32768, ("gmm_t", h, i, True, None): 32768,  # d lhs
         ("tgmm", h, 2 * i, True, None): 32768, ("tgmm", i, h, True, None): 32768,  # d rhs
         ("masked", h, 2 * i, False, None): 32768, ("masked", i, h, False, None): 32768,
-        ("masked", 2 * i, h, False, None): 32768, ("masked", h, i, False, None): 32768})
+        ("masked", 2 * i, h, True, None): 32768, ("masked", h, i, True, None): 32768})  # masked and its d x
     # One token: 8 rows over 32 experts; masked keeps one row per expert.
     small = [(k, m) for k, m in calls if k.rows == 1]
     self.assertLen(small, 10)
@@ -518,6 +518,29 @@ class WorkerTest(absltest.TestCase):
     self.assertEqual(results[0], {"event": "result", "i": 0, "compiled": True})
     self.assertIn("block_k must be a power of two", results[1]["error"])  # reported, not raised
     self.assertEqual(events[-1], {"event": "done"})
+
+
+class MaskedWorkerTest(absltest.TestCase):
+
+  def test_masked_problems_compute_their_product_and_select_the_key_the_model_calls_make(self):
+    dims = model_shapes.MoeDims(experts=4, top_k=2, hidden=64, intermediate=48)
+    keys = [k for k, _ in model_shapes.layer_calls(dims, 1, [96], "float32") if k.op == "masked"]
+    self.assertEqual(sorted((k.k, k.n, k.transpose) for k in keys),
+                     [(48, 64, False), (64, 48, True), (64, 96, False), (96, 64, True)])
+    for key in keys:
+      with self.subTest(key=str(key)):
+        arrays, call, _, _ = tune_worker.problem(key, 4 * 48)
+        out = np.asarray(call("xla", None)(*arrays), np.float64)
+        x, w, masked_m = (np.asarray(a, np.float64) for a in arrays)
+        w_kn = w if key.transpose else w.transpose(0, 2, 1)  # the product's (G, K, N)
+        valid = np.arange(x.shape[1])[None, :, None] < masked_m[:, None, None]
+        np.testing.assert_allclose(out, np.where(valid, x @ w_kn, 0.0), rtol=1e-5, atol=1e-5)
+        self.assertEqual(x.shape[2], key.k)
+        selected = []
+        xla = config_table.Selection("xla", None, "exact", None, None)
+        with mock.patch.object(config_table, "select", lambda key, **_: selected.append(key) or xla):
+          call("triton", None).trace(*arrays).lower()
+        self.assertEqual(selected, [key])
 
 
 # (op, scale, transpose) of each FP8 call the tuner builds: every op, every recipe, both tgmm_fp8 layouts.
