@@ -4,11 +4,7 @@ python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
     interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
     product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
     base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
-    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* 192-row tiles,
-    mc_* docs/experiments/gmm_fp8_ws_multicast.py (clusters of 2 CTAs, the lhs tile multicast; Triton >= 3.7) and
-    mc192_* the same with 192-row tiles, e.g.
-    `python docs/experiments/fp8_profile.py time blocks_128_s4,mc_blocks_128_s4 0,4,8`
-    `python docs/experiments/fp8_profile.py time m192_blocks_128_s4,mc192_blocks_128_s4 0,2,3,4,6,8`
+    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* 192-row tiles
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
@@ -40,17 +36,6 @@ try:  # The kernel before the change under test, as base_<variant>.
   VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items() if v[4] == 128}
 except ImportError:
   gmm_fp8_ws_base = None
-try:  # The 2-CTA-cluster kernel (lhs multicast) as mc_<variant>: Gluon's TMA multicast, Triton >= 3.7.
-  import inspect
-  from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
-  if "multicast" not in inspect.signature(_tma.async_load).parameters:
-    raise ImportError("Triton < 3.7: no Gluon TMA multicast")
-  import gmm_fp8_ws_multicast
-  VARIANTS |= {f"mc_{name}": v for name, v in VARIANTS.items() if v[2] == 128 and v[4] == 128 and v[3] == 4}
-  # 192-row tiles (HALVES 3, cluster tile 192 x 256): mc192_<variant> of m192_<variant>.
-  VARIANTS |= {f"mc192_{name[5:]}": v for name, v in VARIANTS.items() if name.startswith("m192_")}
-except ImportError:
-  gmm_fp8_ws_multicast = None
 
 
 def case_fns(layout, g, rows, n, k):
@@ -66,9 +51,6 @@ def case_fns(layout, g, rows, n, k):
     f = bench_fp8._chained(bench_fp8._product(layout, rows, config), runs)
     if name.startswith("base_"):  # Traced here with the kernel before the change.
       with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
-        f = f.trace(*args).lower().compile()
-    elif name.startswith(("mc_", "mc192_")):  # Traced here with the 2-CTA-cluster launcher in _gmm_fp8_ws's place.
-      with mock.patch.object(backend_triton, "_gmm_fp8_ws", gmm_fp8_ws_multicast._gmm_fp8_ws_mc):
         f = f.trace(*args).lower().compile()
     fns[name] = functools.partial(f, *args)
   return fns, valid, runs
