@@ -331,7 +331,7 @@ def check_fp8_format(dtype, device):
 def _fp8_config(op, dtype, out_dtype, rows_per_group, k, n, g, scale, config, device, **flags):
   """The selected config of an FP8 op (None where the table picks the portable backend), within its scale block
   (config_table.within_scale_block).
-  scale: fp8_recipe's name, or "128x1" for tgmm."""
+  scale: fp8_recipe's name, or config_table.TGMM_FP8_RECIPE for tgmm."""
   check_fp8_format(dtype, device)
   choice = config_table.select(config_table.make_key(op, dtype.name, out_dtype.name, rows_per_group, k, n, g,
                                                      scale=scale, **flags),
@@ -519,8 +519,8 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   if m == 0:
     return jnp.zeros((num_groups, k, n), out_dtype)
   device = _device()
-  config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups, "128x1", config, device,
-                       transpose=transpose_lhs)
+  config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups,
+                       config_table.TGMM_FP8_RECIPE, config, device, transpose=transpose_lhs)
   if config is None:
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
                                 transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)

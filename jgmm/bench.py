@@ -62,7 +62,8 @@ def group_sizes(m, g, seed=0):
 
 def masked_layout(g, expected_m, seed=0):
   """(max_m, masked_m (G,) int32) of a masked (decode) case as DeepGEMM benchmarks it: each group's valid rows
-  drawn uniformly from [0.7, 1.3] x expected_m, max_m the largest possible rounded up to a multiple of 128."""
+  drawn uniformly from the integers int(0.7 expected_m) to int(1.3 expected_m) (at expected_m = 1: 0 or 1), max_m
+  = int(1.3 expected_m) + 1 rounded up to a multiple of 128 (the buffer bench_fp8 has always used)."""
   rng = np.random.default_rng(seed)
   masked_m = rng.integers(int(0.7 * expected_m), int(1.3 * expected_m) + 1, g).astype(np.int32)
   return -(-(int(1.3 * expected_m) + 1) // 128) * 128, masked_m
@@ -319,7 +320,9 @@ def main(argv=None):
   else:
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     tune_args = tune_argv(cases, args.tune_ops, args.out)
-  if args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
+  if args.tune and tune_args is None:
+    print("--tune: no FP8 product case selected (--cases), nothing to tune", flush=True)
+  elif args.tune:  # Before this process takes the GPU (and most of its memory): the tuner's worker needs it.
     tune.main(tune_args)
   if args.no_bench:
     return

@@ -40,10 +40,8 @@ DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168
             ("contiguous", 4, 8192, 4096, 7168): 1346, ("contiguous", 8, 4096, 4096, 7168): 1346,
             ("contiguous", 4, 8192, 7168, 2048): 1214, ("contiguous", 8, 4096, 7168, 2048): 1214}
 RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
-FP8_PEAK_FLOPS = 1979e12  # H100 / H200 dense FP8 (datasheet): sizes timing.chain's runs
 # The FP8 recipes timed (jax_impls' jgmm_fp8_<name>): config_table.FP8_RECIPES names.
 RECIPES = {"blocks": "1x128-128x128", "rowwise": "row-channel"}
-
 
 
 def _case_inputs(layout, g, rows, n, k):
@@ -69,7 +67,7 @@ def _product(layout, rows, config=None):
 
 def _runs(valid, n, k):
   """timing.chain's runs for a product of valid rows: about 0.5 ms of GPU work at the FP8 peak."""
-  return timing.chain_runs(2 * valid * n * k / FP8_PEAK_FLOPS * 1e3)
+  return timing.chain_runs(2 * valid * n * k / bench.H200_FP8_FLOPS * 1e3)
 
 
 def _chained(product, runs):
@@ -202,10 +200,13 @@ def cases(wanted=""):
 
 def tune_argv(wanted, out_dir):
   """jgmm-tune's arguments for the FP8 products of cases(wanted) in each of RECIPES (bf16 out): masked_fp8 keys of
-  G x rows (the expected_m a case passes; max_m = rows, all valid), gmm_t_fp8 keys of the contiguous cases."""
+  G x rows (the expected_m a case passes; the tuner draws the valid rows as _case_inputs does: bench.masked_layout),
+  gmm_t_fp8 keys of the contiguous cases; None where `wanted` names no product case (e.g. "recipe" alone)."""
   shapes = []
   for _, layout, g, rows, n, k in cases(wanted):
     shapes += ["--shape", f"{'masked_fp8' if layout == 'masked' else 'gmm_t_fp8'},{g * rows},{k},{n},{g}"]
+  if not shapes:
+    return None
   return [*shapes, "--scale", ",".join(RECIPES.values()), "--out-dtype", "bfloat16",
           "--output", os.path.join(out_dir, "tuned.json")]
 

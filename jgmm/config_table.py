@@ -10,13 +10,14 @@ interpreter included). `jgmm-tune` (jgmm/tune.py) writes such files.
 A table (JSON, schema 2, one entry per line):
   {"schema": 2, "comment": "optional: where the entries come from", "entries": [ENTRY, ...]}
   ENTRY: the key fields
-    op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K)), or an
-      FP8 op: "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8";
+    op: "gmm" (rhs (G, K, N)), "gmm_t" (rhs (G, N, K)), "tgmm" (out (G, K, N)), "masked" (w (G, N, K); with
+      transpose, its d x: w (G, K, N)), or an FP8 op: "gmm_fp8", "gmm_t_fp8", "tgmm_fp8", "masked_fp8";
     in_dtype, out_dtype: "bf16", "fp16", "fp32", "fp8e4m3", "fp8e4m3fnuz", "fp8e5m2";
     rows: rows per group (M / G for gmm and tgmm, expected_m or max_m for masked) rounded up to a power of two;
     k: the reduction size, n: the output columns (gmm/masked: rhs columns, both halves with swiglu; tgmm: out
       (G, K, N)), g: the groups of the call, all exact;
-    transpose: the op's transposed operand (gmm_t: true, gmm and masked: false, tgmm: transpose_lhs);
+    transpose: the op's transposed operand (gmm_t: true, gmm: false, masked: true for masked_gmm's d x (w read in
+      place as (G, K, N)), tgmm: transpose_lhs);
     activation: null or the activation's name; bias: bias (gmm) or bias_grad (tgmm); accumulate: existing_out;
     scale: the FP8 scale recipe's name, null otherwise;
   and the choice: backend ("triton" or "xla"), config (jgmm.Config fields; null with backend "xla"), and what

@@ -20,8 +20,10 @@ In FP8 (fp8_recipes; FP8 inputs, outputs in the layer's dtype), per scale recipe
 of K-major weights (G, N, K), as jgmm.fp8_gmm quantises them: gmm_t_fp8 (K = H, N = 2I), (K = I, N = H), and the
 masked layout's masked_fp8 (the same K and N; FP8 masked_gmm has no backward). With jgmm.fp8_gmm's own recipe
 (FP8_GMM_RECIPE) also its backward: d lhs gmm_t_fp8 (K = 2I, N = H), (K = H, N = I), and d rhs tgmm_fp8 of lhs^T
-(K, M) and dout^T (N, M), scales per 128 rows of M (K = H, N = 2I), (K = I, N = H).
+(K, M) and dout^T (N, M), scales per 128 rows of M (K = H, N = 2I), (K = I, N = H); its gate-up forward writes
+float32, as jgmm.moe.expert_mlp(impl="fp8") asks for it (the activation's input).
 """
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from jgmm import config_table
@@ -57,7 +59,7 @@ def moe_dims(config: dict, name: str = "config") -> MoeDims:
   return MoeDims(**dims)
 
 
-def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16", fp8_recipes=(),
+def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16", fp8_recipes: Sequence[str] = (),
                 fp8_dtype: str = "float8_e4m3fn") -> list[tuple[config_table.Key, int]]:
   """[(Key, M)] of every distinct call (module docstring) at each token count in `tokens`, M the call's total rows
   (masked: G * rows per group). dtype: the numpy name of the inputs' and outputs' dtype; fp8_recipes: names of
@@ -75,14 +77,15 @@ def layer_calls(dims: MoeDims, ep: int, tokens, dtype: str = "bfloat16", fp8_rec
     for k_n, mm in [(key("gmm", h, 2 * i, activation="swiglu"), m), (key("gmm", i, h), m),
                     (key("gmm_t", 2 * i, h, transpose=True), m), (key("gmm_t", h, i, transpose=True), m),
                     (key("tgmm", h, 2 * i, transpose=True), m), (key("tgmm", i, h, transpose=True), m),
-                    (masked(h, 2 * i), g * rows), (masked(i, h), g * rows), (masked(2 * i, h, transpose=True), g * rows),
-                    (masked(h, i, transpose=True), g * rows)]:
+                    (masked(h, 2 * i), g * rows), (masked(i, h), g * rows),
+                    (masked(2 * i, h, transpose=True), g * rows), (masked(h, i, transpose=True), g * rows)]:
       calls.setdefault(k_n, mm)
     for recipe in fp8_recipes:
-      fp8 = lambda op, k, n, rows=m / g, scale=recipe: config_table.make_key(
-          op, fp8_dtype, dtype, rows, k, n, g, transpose=op == "gmm_t_fp8", scale=scale)
-      fp8_calls = [(fp8("gmm_t_fp8", h, 2 * i), m), (fp8("gmm_t_fp8", i, h), m),
-                   (fp8("masked_fp8", h, 2 * i, rows), g * rows), (fp8("masked_fp8", i, h, rows), g * rows)]
+      def fp8(op, k, n, out=dtype, rows=m / g, scale=recipe):
+        return config_table.make_key(op, fp8_dtype, out, rows, k, n, g, transpose=op == "gmm_t_fp8", scale=scale)
+      gate_up_out = "float32" if recipe == FP8_GMM_RECIPE else dtype  # jgmm.moe's FP8 MLP: the activation's input
+      fp8_calls = [(fp8("gmm_t_fp8", h, 2 * i, gate_up_out), m), (fp8("gmm_t_fp8", i, h), m),
+                   (fp8("masked_fp8", h, 2 * i, rows=rows), g * rows), (fp8("masked_fp8", i, h, rows=rows), g * rows)]
       if recipe == FP8_GMM_RECIPE:
         tgmm = config_table.TGMM_FP8_RECIPE
         fp8_calls += [(fp8("gmm_t_fp8", 2 * i, h), m), (fp8("gmm_t_fp8", h, i), m),

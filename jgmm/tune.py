@@ -93,8 +93,8 @@ _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 
 def candidate_space(key: config_table.Key, space: str) -> list[Config]:
   """Triton Configs to screen for key: space "small" (the measured bests above), "full" (a grid) or "none".
-  FP8 ops: K steps of 32 to 128 (an FP8 dot's K step is 32; a scale block is 128 wide), and the warp-specialised
-  tilings of their kernel where they have one (FP8_WS_OPS, tgmm_fp8)."""
+  FP8 ops: their own tilings, and the warp-specialised ones of their kernel where they have one (FP8_WS_OPS,
+  tgmm_fp8); candidates() keeps their K steps within a scale block."""
   fp8 = key.op in config_table.FP8_OPS
   gmm_like = key.op not in ("tgmm", "tgmm_fp8")  # tgmm loads through pointers: no TMA variants
   if space == "none":
@@ -114,8 +114,6 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
   if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
     configs = [c for c in configs if not c.warp_specialized]
-  if fp8:
-    configs = [c for c in configs if c.block_k >= 32]
   if key.op in config_table.FP8_WS_OPS:
     configs += _FP8_WS
   if key.op == "tgmm_fp8":
@@ -385,6 +383,9 @@ def _parse_shape(text, args):
     raise SystemExit(f"--shape: op must be one of {', '.join(config_table.OPS)}, got {op!r} in {text!r}")
   if min(m, k, n, g) < 1:
     raise SystemExit(f"--shape: M, K, N and G must be positive, got {text!r}")
+  if op in ("masked", "masked_fp8") and m % g:
+    raise SystemExit(f"--shape: a masked op's M is G x rows per group (expected_m), a multiple of G; got M = {m}, "
+                     f"G = {g} in {text!r}")
   transpose = op in ("gmm_t", "tgmm", "gmm_t_fp8")  # as jgmm's calls make them (tgmm_fp8: lhs (K, M))
   if op not in config_table.FP8_OPS:
     return [(config_table.make_key(op, args.dtype, args.out_dtype, m / g, k, n, g, transpose=transpose), m)]

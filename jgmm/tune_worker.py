@@ -15,7 +15,8 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
     then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
     "us" their median).
-Calls go through jgmm's public ops with backend= and config= forced, on fresh random inputs (balanced routing; FP8
+Calls go through jgmm's public ops (masked_gmm's d x: its primitive, which no public op passes a config to) with
+backend= and config= forced, on fresh random inputs (balanced routing; FP8
 ops': quantised once, so every candidate reads the same FP8 values and scales), several runs of the op in one
 program for a small key (problem()); every time reported is one run's.
 """

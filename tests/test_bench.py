@@ -3,6 +3,7 @@ model level lowers the layer with the tables and with the heuristic only (cross-
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
 jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select."""
 import functools
+import io
 import os
 import sys
 import tempfile
@@ -128,6 +129,10 @@ class Fp8BenchTuneTest(absltest.TestCase):
       bench.main(["--fp8", "--tune", "--no-bench", "--cases", "contiguous-2x64-256-384", "--out", out])
     tuner.assert_called_once_with(["--shape", "gmm_t_fp8,128,384,256,2", "--scale", "1x128-128x128,row-channel",
                                    "--out-dtype", "bfloat16", "--output", os.path.join(out, "tuned.json")])
+    with mock.patch.object(tune, "main") as tuner, mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
+      bench.main(["--fp8", "--tune", "--no-bench", "--cases", "recipe", "--out", out])  # no product case: no tuner
+    tuner.assert_not_called()
+    self.assertIn("no FP8 product case selected", printed.getvalue())
 
 
 class HeteroFp8CaseTest(absltest.TestCase):

@@ -19,7 +19,7 @@ import numpy as np
 from absl.testing import absltest
 
 import jgmm
-from jgmm import backend_triton, config_table, model_shapes, quantize, tune, tune_worker
+from jgmm import backend_triton, config_table, model_shapes, moe, quantize, tune, tune_worker
 from jgmm.config import Config
 from jgmm.triton_kernels import geometry, gmm_fp8
 
@@ -101,19 +101,20 @@ class ModelShapesTest(absltest.TestCase):
            for op in ("gmm_t_fp8", "masked_fp8") for kk, nn in ((h, 2 * i), (i, h))},  # forward, masked
         ("gmm_t_fp8", 2 * i, h, True, blocks): 32768, ("gmm_t_fp8", h, i, True, blocks): 32768,  # d lhs (fp8_gmm)
         ("tgmm_fp8", h, 2 * i, False, "128x1"): 32768, ("tgmm_fp8", i, h, False, "128x1"): 32768})  # d rhs
-    self.assertTrue(all((k.in_dtype, k.out_dtype, k.rows, k.g) == ("fp8e4m3", "bf16", 1024, 32)
+    self.assertEqual({(k.op, k.k, k.n, k.scale) for k, _ in calls if k.out_dtype == "fp32"},
+                     {("gmm_t_fp8", h, 2 * i, blocks)})  # fp8_gmm's gate-up forward, as jgmm.moe asks for it
+    self.assertTrue(all((k.in_dtype, k.rows, k.g) == ("fp8e4m3", 1024, 32) and k.out_dtype in ("bf16", "fp32")
                         for k, _ in calls if k.op in config_table.FP8_OPS))
     self.assertEqual([c for c in calls if c[0].op not in config_table.FP8_OPS],
                      model_shapes.layer_calls(dims, 8, [4096]))  # the bf16 calls as before
 
-  def test_fp8_calls_are_the_keys_fp8_gmm_selects_forward_and_backward(self):
+  def test_fp8_calls_are_the_keys_the_fp8_expert_mlp_selects_forward_and_backward(self):
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))  # quantize_pair's kernel lowers
     dims = model_shapes.MoeDims(experts=4, top_k=2, hidden=256, intermediate=192)
     tokens, g, h, i = 64, 4, 256, 192
 
     def layer(x, w_up, w_down, sizes):
-      gate, up = jnp.split(jgmm.fp8_gmm(x, w_up, sizes, backend="triton"), 2, axis=-1)
-      return jgmm.fp8_gmm(jax.nn.silu(gate) * up, w_down, sizes, backend="triton")
+      return moe.expert_mlp(x, sizes, w_up, w_down, impl="fp8", backend="triton")
 
     loss = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(layer(*a).astype(jnp.float32)), argnums=(0, 1, 2)))
     bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
@@ -181,7 +182,8 @@ class Fp8CliTest(absltest.TestCase):
         self.assertRegex(err.getvalue(), message)
     for text, message in [("gmm_fp9,64,256,128,2", r"--shape: op must be one of gmm, .*, got 'gmm_fp9'"),
                           ("tgmm_fp8,64,256,128", r"--shape wants op,M,K,N,G .*got 'tgmm_fp8,64,256,128'"),
-                          ("masked_fp8,64,256,128,0", r"--shape: M, K, N and G must be positive, got")]:
+                          ("masked_fp8,64,256,128,0", r"--shape: M, K, N and G must be positive, got"),
+                          ("masked,132,64,64,8", r"a masked op's M is G x rows .* got M = 132, G = 8")]:
       with self.subTest(text=text), self.assertRaisesRegex(SystemExit, message):
         tune.calls(tune.parse_args(["--shape", text]))
 
@@ -450,9 +452,11 @@ class CandidatesTest(absltest.TestCase):
         for space in ("small", "full"):
           configs = tune.candidate_space(k, space)
           self.assertEqual({(c.block_m, c.block_n) for c in configs if c.warp_specialized}, ws_tilings[op], op)
-          self.assertTrue(all(32 <= c.block_k <= 128 for c in configs), (op, space))
           self.assertEqual(any(c.tma for c in configs), op != "tgmm_fp8", (op, space))  # tgmm: pointer loads
-          fitting = [Config(**c["config"]) for c in tune.candidates(k, configs, "sm90", ["triton"])]
+          wide_k = Config(128, 128, 256, 8, 3)  # a measured (seed table) config steps within a scale block too
+          fitting = [Config(**c["config"]) for c in tune.candidates(k, configs, "sm90", ["triton"], [wide_k])]
+          self.assertTrue(all(c.block_k <= 128 for c in fitting), (op, space))
+          self.assertIn(Config(128, 128, 128, 8, 3), fitting)
           self.assertEqual(fitting[0], config_table.heuristic_config(k, "sm90"))
           self.assertLen(fitting, len({*fitting}))
     limit = config_table.shared_memory_limit("sm90")  # each tgmm ws tiling fits its kernel's shared memory
@@ -522,14 +526,15 @@ class WorkerTest(absltest.TestCase):
 
 class MaskedWorkerTest(absltest.TestCase):
 
-  def test_masked_problems_compute_their_product_and_select_the_key_the_model_calls_make(self):
+  def test_masked_problems_compute_their_product_and_select_the_keys_layer_calls_makes(self):
+    """The layer's masked products and their d x (masked_gmm_kn, with transpose, w (G, K, N) read in place)."""
     dims = model_shapes.MoeDims(experts=4, top_k=2, hidden=64, intermediate=48)
-    keys = [k for k, _ in model_shapes.layer_calls(dims, 1, [96], "float32") if k.op == "masked"]
-    self.assertEqual(sorted((k.k, k.n, k.transpose) for k in keys),
+    calls = [(k, m) for k, m in model_shapes.layer_calls(dims, 1, [96], "float32") if k.op == "masked"]
+    self.assertEqual(sorted((k.k, k.n, k.transpose) for k, _ in calls),
                      [(48, 64, False), (64, 48, True), (64, 96, False), (96, 64, True)])
-    for key in keys:
+    for key, m in calls:
       with self.subTest(key=str(key)):
-        arrays, call, _, _ = tune_worker.problem(key, 4 * 48)
+        arrays, call, _, _ = tune_worker.problem(key, m)
         out = np.asarray(call("xla", None)(*arrays), np.float64)
         x, w, masked_m = (np.asarray(a, np.float64) for a in arrays)
         w_kn = w if key.transpose else w.transpose(0, 2, 1)  # the product's (G, K, N)
