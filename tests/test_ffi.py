@@ -840,7 +840,13 @@ class CrossLoweringTest(parameterized.TestCase):
         "BN": "constexpr",
         "BK": "constexpr"
     }
-    compiled = _compile.compile_kernel(_matmul_kernel, signature, {"BM": 32, "BN": 32, "BK": 16}, {}, target, 4, 2)
+    try:
+      compiled = _compile.compile_kernel(_matmul_kernel, signature, {"BM": 32, "BN": 32, "BK": 16}, {}, target, 4, 2)
+    except _compile.KernelCompileError as e:
+      if "libtriton_amd_codegen" not in str(e):
+        raise
+      self.skipTest(f"this Triton's HIP backend lacks its code generator library (a trimmed wheel, such as "
+                    f"scripts/carry_wheels.sh TRIM=1 makes): {str(e)[-160:]}")
     self.assertRegex(compiled.asm["amdgcn"], rf'\.amdgcn_target "amdg\S*-amd-amdhsa-\S*{arch}"')
     self.assertTrue(os.path.getsize(compiled.binary) > 0)
     self._target(f"rocm:{arch}")
