@@ -16,9 +16,9 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
     then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
     "us" their median).
 Calls go through jgmm's public ops (masked_gmm's d x: its primitive, which no public op passes a config to) with
-backend= and config= forced, on fresh random inputs (balanced routing; FP8
-ops': quantised once, so every candidate reads the same FP8 values and scales), several runs of the op in one
-program for a small key (problem()); every time reported is one run's.
+backend= and config= forced, on fresh random inputs (balanced routing; FP8 ops': quantised once, so every candidate
+reads the same FP8 values and scales), several runs of the op in one program for a small key (problem()); every
+time reported is one run's.
 """
 import importlib.metadata
 import json
@@ -71,9 +71,8 @@ def _check_timeable(key):
     recipes = tuple(config_table.FP8_RECIPES)
   if key.scale not in recipes:
     raise ValueError(f"jgmm.tune cannot time {key.op} with scale {key.scale!r}: expected one of {recipes}")
-  made = not (key.bias or key.activation or key.accumulate) and (key.op == "tgmm_fp8"
-                                                                  or key.transpose == (key.op == "gmm_t_fp8"))
-  if fp8 and not made:
+  if fp8 and (key.bias or key.activation or key.accumulate
+              or (key.op != "tgmm_fp8" and key.transpose != (key.op == "gmm_t_fp8"))):
     raise ValueError(f"jgmm.tune cannot time {key}: no FP8 call makes it (FP8 ops take no bias, activation or "
                      f"existing_out; transpose is gmm_t_fp8's, or tgmm_fp8's transpose_lhs)")
 
@@ -86,9 +85,9 @@ def problem(key, m, seed=0, abstract=False):
 
   Inputs: fresh normal values (balanced routing: bench.group_sizes; masked: expected_m = m / G, each group's valid
   rows drawn from [0.7, 1.3] x expected_m in a (G, max_m, K) buffer, as DeepGEMM benchmarks it:
-  bench.masked_layout). FP8 ops
-  (key.op in config_table.FP8_OPS) get them quantised by jgmm.quantize with key.scale's recipe: every backend
-  reads the same FP8 values and scales, so max_rel_err compares the products alone. The call goes through jgmm's
+  bench.masked_layout). FP8 ops (key.op in config_table.FP8_OPS) get them quantised by jgmm.quantize with
+  key.scale's recipe: every backend reads the same FP8 values and scales, so max_rel_err compares the products
+  alone. The call goes through jgmm's
   public op as a real call of key makes it (the key select() looks up is key):
     gmm / gmm_t: jgmm.gmm, lhs (M, K), rhs (G, K, N) / (G, N, K) (transpose_rhs), with key's bias, activation and
       existing_out; gmm_fp8 / gmm_t_fp8 likewise with lhs_scale and rhs_scale (quantised as (G, N, K));
@@ -112,10 +111,11 @@ def problem(key, m, seed=0, abstract=False):
                                      in_bytes=jnp.dtype(in_dtype).itemsize, out_bytes=jnp.dtype(out_dtype).itemsize)
   runs = timing.chain_runs(floor_ms) if on_gpu else 1
   jit = lambda op: jax.jit(timing.chain(op, runs))
-  sizes = bench.group_sizes(m, g, seed)
   if key.op in ("masked", "masked_fp8"):  # expected_m = m / G; sizes: masked_m, flops of its valid rows
     max_m, sizes = bench.masked_layout(g, m // g, seed)
     flops = 2 * int(sizes.sum()) * k * n
+  else:
+    sizes = bench.group_sizes(m, g, seed)
   if fp8:
     arrays, op = _fp8_problem(key, m, normal, sizes, out_dtype, max_m if key.op == "masked_fp8" else None)
     return build(arrays), lambda backend, config: jit(op(backend, config)), flops, runs
