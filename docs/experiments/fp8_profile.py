@@ -3,13 +3,15 @@
 python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
     interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
     product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
-    base_* runs docs/experiments/gmm_fp8_ws_base.py, the kernel before the change under test (make it with
-    `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`), m192_* 192-row tiles
+    KERNEL:VARIANT runs docs/experiments/gmm_fp8_ws_KERNEL.py, a changed copy of the kernel (base: the kernel before
+    the change under test, `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`);
+    m192_* 192-row tiles
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
 """
 import functools
+import importlib
 import os
 import sys
 from unittest import mock
@@ -30,12 +32,10 @@ VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages, block_m)
     "rows_128_s4": ("row", "row", 128, 4, 128), "rows_256_s3": ("row", "row", 256, 3, 128),
     "blocks_128_s5": ("1x128", "128x128", 128, 5, 128), "rows_128_s5": ("row", "row", 128, 5, 128),
     "m192_blocks_128_s4": ("1x128", "128x128", 128, 4, 192), "m192_rows_128_s4": ("row", "row", 128, 4, 192)}
-try:  # The kernel before the change under test, as base_<variant>.
-  sys.path.insert(0, os.path.dirname(__file__))
-  import gmm_fp8_ws_base
-  VARIANTS |= {f"base_{name}": v for name, v in VARIANTS.items() if v[4] == 128}
-except ImportError:
-  gmm_fp8_ws_base = None
+sys.path.insert(0, os.path.dirname(__file__))
+# A variant named <kernel>:<variant> runs docs/experiments/gmm_fp8_ws_<kernel>.py (a changed copy of the kernel, e.g.
+# gmm_fp8_ws_base.py: `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`).
+MODULES = {}
 
 
 def case_fns(layout, g, rows, n, k):
@@ -49,8 +49,8 @@ def case_fns(layout, g, rows, n, k):
     args = (*quantize.quantize(x, xr), *quantize.quantize(w, wr), gs)
     config = Config(block_m=block_m, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
     f = bench_fp8._chained(bench_fp8._product(layout, rows, config), runs)
-    if name.startswith("base_"):  # Traced here with the kernel before the change.
-      with mock.patch.object(backend_triton, "gmm_fp8_ws", gmm_fp8_ws_base):
+    if name in MODULES:  # Traced here with that copy of the kernel.
+      with mock.patch.object(backend_triton, "gmm_fp8_ws", MODULES[name]):
         f = f.trace(*args).lower().compile()
     fns[name] = functools.partial(f, *args)
   return fns, valid, runs
@@ -58,8 +58,10 @@ def case_fns(layout, g, rows, n, k):
 
 if __name__ == "__main__":
   print(jax.devices()[0].device_kind, flush=True)
-  if len(sys.argv) > 2:  # A subset of the variants, e.g. blocks_128_s4,base_blocks_128_s4
-    VARIANTS = {name: VARIANTS[name] for name in sys.argv[2].split(",")}
+  if len(sys.argv) > 2:  # A subset of the variants, e.g. blocks_128_s4,base:blocks_128_s4
+    names = sys.argv[2].split(",")
+    MODULES = {name: importlib.import_module("gmm_fp8_ws_" + name.split(":")[0]) for name in names if ":" in name}
+    VARIANTS = {name: VARIANTS[name.split(":")[-1]] for name in names}
   if len(sys.argv) > 3:  # A subset of the cases by index, e.g. 0,2,5
     CASES = [CASES[int(i)] for i in sys.argv[3].split(",")]
   if sys.argv[1] == "time":

@@ -4,7 +4,9 @@ shape) and prints ptxas's resource line and C75xx warnings, and the SASS's seque
 serialised them (session 6).
     JAX_PLATFORMS=cpu python docs/experiments/sass_wgmma.py BLOCK_M:BLOCK_N:STAGES:{n|t} ...   (t: rhs transposed)
 fp8:blocks / fp8:rowwise compile gmm_fp8_ws_kernel instead (masked, DeepSeek-V3's (4096, 7168); QGMMA shows as H):
-its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling)."""
+its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling).
+fp8:tgmm compiles tgmm_fp8_ws_kernel (fp8_gmm's d rhs of dsv3 gate-up: K = 7168, N = 4096, M = 32768; 128 x 256, 3
+stages)."""
 import os
 import re
 import subprocess
@@ -22,7 +24,14 @@ m, k, n, g = 32768, 2048, 1536, 128
 s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
 for arg in sys.argv[1:]:
   _compile._cache.clear()
-  if arg.startswith("fp8:"):
+  if arg == "fp8:tgmm":
+    f8, fk, fn, fm, fg = jnp.float8_e4m3fn, 7168, 4096, 32768, 32
+    config = Config(block_m=128, block_n=256, block_k=128, num_stages=3, warp_specialized=True)
+    jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=dt,
+                                               config=config)).trace(
+        s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fm // 128, fk), jnp.float32),
+        s((fm // 128, fn), jnp.float32)).lower(lowering_platforms=("cuda",))
+  elif arg.startswith("fp8:"):
     blocks, f8, fg, fm, fk, fn = arg == "fp8:blocks", jnp.float8_e4m3fn, 4, 1024, 7168, 4096
     config = Config(block_m=128, block_n=128, block_k=128, num_stages=4, warp_specialized=True)
     jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=dt, expected_m=None, config=config)).trace(
@@ -49,6 +58,6 @@ for arg in sys.argv[1:]:
                 for line in sass.splitlines() if "GMMA" in line or "WARPGROUP.DEPBAR" in line)
   print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
   for line in ptxas.splitlines():
-    if "Used" in line or "C75" in line:
+    if "Used" in line or "C75" in line or "spill" in line:
       print("  ptxas:", line.split("ptxas info    : ")[-1][:160])
   print("  HGMMA/wait sequence:", seq)
