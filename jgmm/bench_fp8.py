@@ -7,7 +7,9 @@ round-robin in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 
 128x128 weights), jgmm FP8 per row / per channel, jgmm bf16, torch._scaled_grouped_mm (rowwise scales) where it
 accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
-The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES.
+The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES, with the
+weights quantised in the call (the bf16 weights given) and ahead of it (jgmm.quantize_weights outside the timed
+call: a step's cost per micro-batch where its micro-batches reuse them).
 jgmm's products run `runs` times in one program (timing.chain, enough runs for ~0.5 ms at the FP8 peak): a masked
 case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, which one call per run would time
 (session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first
@@ -18,6 +20,7 @@ about 10 us and are timed one by one.
 jgmm-tune --shape lines) into out_dir/tuned.json, a table for JGMM_CONFIG_FILES or configs/; the products here
 select their configs from the tables (config_table.select), as any call does.
 """
+import dataclasses
 import functools
 import json
 import os
@@ -149,18 +152,24 @@ def bench_fp8_case(layout, g, rows, n, k):
 
 
 def bench_recipe(name, m, k, n, g):
-  """fp8_gmm's forward+backward against gmm's (bf16), as bench.bench_case times them."""
+  """fp8_gmm's forward+backward against gmm's (bf16), as bench.bench_case times them: fp8_gmm on the bf16 weights
+  (quantised in the call) and on jgmm.quantize_weights of them made ahead (the gradient still reaches w)."""
   inp = bench.Inputs(m, k, n, g)
 
   def fwd_bwd(fn):
-    return jax.jit(jax.value_and_grad(lambda x, w, gs, dout: bench._loss(fn(x, w, gs), dout), argnums=(0, 1)))
+    return jax.jit(jax.value_and_grad(lambda x, w, gs, dout, *ahead: bench._loss(fn(x, w, gs, *ahead), dout),
+                                      argnums=(0, 1)))
 
   fp8, bf16 = fwd_bwd(jgmm.fp8_gmm), fwd_bwd(jgmm.gmm)
+  fp8_ahead = fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, dataclasses.replace(weights, rhs=w), gs))
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
+  weights = jax.jit(jgmm.quantize_weights)(inp.w)
   ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
-                               "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
+                                "fp8_gmm_weights_ahead": (lambda: fp8_ahead(*args, weights), timing.jax_sync),
+                                "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
           "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
+          "speedup_weights_ahead": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"],
           "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
 
 
@@ -180,12 +189,15 @@ def _print(results, recipe):
           f"{cell('jgmm_fp8_rowwise')} | {cell('jgmm_bf16')} | {cell('torch_scaled_grouped_mm')} | "
           f"{cell('torch_scaled_mm_dense')} | {deep or ''} | {vs_deep} | {vs_torch} |")
   if recipe:
-    print("\n| recipe case | fp8_gmm fwd+bwd ms | gmm bf16 fwd+bwd ms | speedup |")
-    print("|---|---|---|---|")
+    print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | gmm bf16 fwd+bwd ms | speedup | "
+          "speedup, weights ahead |")
+    print("|---|---|---|---|---|---|")
     for r in recipe:
-      print(f"| {r['case']} | {r['fwd_bwd_ms']['fp8_gmm']:.3f} | {r['fwd_bwd_ms']['gmm_bf16']:.3f} | "
-            f"{r['speedup']:.2f}x |")
-    print(f"recipe speedup geomean: {statistics.geometric_mean([r['speedup'] for r in recipe]):.2f}x")
+      ms = r["fwd_bwd_ms"]
+      print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | {ms['gmm_bf16']:.3f} | "
+            f"{r['speedup']:.2f}x | {r['speedup_weights_ahead']:.2f}x |")
+    for key in ("speedup", "speedup_weights_ahead"):
+      print(f"recipe {key.replace('_', ' ')} geomean: {statistics.geometric_mean([r[key] for r in recipe]):.2f}x")
 
 
 def cases(wanted=""):

@@ -27,13 +27,16 @@ docs/perf-notes.md).
 Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There are no derivative rules: FP8
 operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.
 
-`fp8_gmm` is that recipe (DeepSeek-V3's): a gmm of bf16/fp32 operands computed in FP8, forward and backward.
+`fp8_gmm` is that recipe (DeepSeek-V3's): a gmm of bf16/fp32 operands computed in FP8, forward and backward;
+`quantize_weights` quantises its weights ahead, once for the calls of a step that reuse them (`Fp8Weights`).
 """
+import dataclasses
 import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jgmm import ops, primitives, quantize, validation
 
@@ -143,15 +146,53 @@ def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend
                      f"got shape {x.shape}")
   if jnp.dtype(x.dtype) not in map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)):
     raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
-  if jnp.dtype(dtype) not in quantize.FP8_DTYPES:
-    raise TypeError(f"dtype must be float8_e4m3fn or float8_e4m3fnuz, got {jnp.dtype(dtype)}")
-  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=jnp.dtype(dtype), backend=backend))
+  dtype = validation.check_fp8_dtype("dtype", dtype)
+  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=backend))
 
 
-def _weights(rhs, s):
-  """rhs quantised in 128x128 blocks in its own layout (a block's scale is the same whichever way the block is
-  read): (q, scales), as (G, K, N) with (G, KB, NB) scales, or (G, N, K) with (G, NB, KB) when transpose_rhs."""
-  return quantize.quantize(rhs, "128x128", s.fp8_dtype)
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("rhs", "nk", "nk_scale", "kn", "kn_scale"),
+                   meta_fields=("transpose_rhs",))
+@dataclasses.dataclass(frozen=True)
+class Fp8Weights:
+  """fp8_gmm's weights quantised ahead (quantize_weights makes them): pass as fp8_gmm's rhs.
+
+  rhs: the weights themselves, (G, K, N), or (G, N, K) when transpose_rhs; fp8_gmm's gradient flows to them.
+  nk, nk_scale: rhs in FP8 as (G, N, K) with 128x128 block scales (G, cdiv(N, 128), cdiv(K, 128)) float32, the
+    K-major layout of the forward product.
+  kn, kn_scale: the same blocks as (G, K, N) with scales (G, cdiv(K, 128), cdiv(N, 128)), d lhs's.
+  transpose_rhs: rhs's layout (static).
+  """
+  rhs: jax.Array
+  nk: jax.Array
+  nk_scale: jax.Array
+  kn: jax.Array
+  kn_scale: jax.Array
+  transpose_rhs: bool
+
+
+def quantize_weights(rhs: jax.Array, *, transpose_rhs: bool = False, fp8_dtype=jnp.float8_e4m3fn,
+                     backend: str | None = None) -> Fp8Weights:
+  """rhs quantised for fp8_gmm ahead of its calls: per 128x128 block, in both layouts the recipe reads (one pass
+  over rhs on the GPU, quantize_pair).
+
+  fp8_gmm quantises a bf16 rhs on every call (on an H100, ~1.5 ms of DeepSeek-V3's gate-up weights at 8-way expert
+  parallelism); where one step runs several calls through the same weights (micro-batches, gradient
+  accumulation), quantise them once per step and pass the result as fp8_gmm's rhs, inside the differentiated
+  function: gradients reach rhs as they would from fp8_gmm(lhs, rhs, ...), and the results are the same.
+
+  Args:
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs; bfloat16, float16 or float32.
+    transpose_rhs: rhs's layout, as fp8_gmm's argument (the calls must pass the same).
+    fp8_dtype: float8_e4m3fn (NVIDIA) or float8_e4m3fnuz (ROCm), as fp8_gmm's argument.
+    backend: None (Triton on a GPU, else the portable implementation), "triton" or "xla".
+
+  Returns:
+    Fp8Weights of rhs.
+  """
+  validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype)
+  q, scale, qt, scale_t = quantize_pair(lax.stop_gradient(rhs), "128x128", fp8_dtype, backend=backend)
+  nk, kn = ((q, scale), (qt, scale_t)) if transpose_rhs else ((qt, scale_t), (q, scale))
+  return Fp8Weights(rhs, *nk, *kn, transpose_rhs)
 
 
 def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
@@ -159,24 +200,30 @@ def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, ou
              preferred_element_type=out_dtype, group_offset=group_offset, config=config, backend=s.backend)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _fp8_gmm(lhs, rhs, group_sizes, group_offset, s):
-  """The forward alone: lhs 1x128, weights 128x128 in their own layout and, where rhs is (G, K, N), one FP8
-  transposed copy into the K-major (G, N, K) that FP8 wgmma reads."""
-  rhs_q, rhs_scale = _weights(rhs, s)
-  if not s.transpose_rhs:
-    rhs_q, rhs_scale = jnp.swapaxes(rhs_q, 1, 2), jnp.swapaxes(rhs_scale, 1, 2)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _fp8_gmm(lhs, rhs, group_sizes, group_offset, weights, s):
+  """The forward alone: lhs 1x128; the weights `weights` (FP8 (nk, nk_scale, kn, kn_scale) of rhs) or, without
+  them, rhs 128x128 in its own layout and, where rhs is (G, K, N), one FP8 transposed copy into the K-major
+  (G, N, K) that FP8 wgmma reads (a block's scale is the same whichever way the block is read)."""
+  if weights is not None:
+    rhs_q, rhs_scale = weights[:2]
+  else:
+    rhs_q, rhs_scale = quantize.quantize(rhs, "128x128", s.fp8_dtype)
+    if not s.transpose_rhs:
+      rhs_q, rhs_scale = jnp.swapaxes(rhs_q, 1, 2), jnp.swapaxes(rhs_scale, 1, 2)
   return _gmm_t(*quantize.quantize(lhs, "1x128", s.fp8_dtype), rhs_q, rhs_scale, group_sizes, group_offset,
                 s.out_dtype, s, s.config)
 
 
-def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, s):
-  """The forward for training: lhs and the weights each quantised in both layouts in one pass (quantize_pair); the
-  backward's layouts are the residuals (FP8 lhs^T (K, M) instead of lhs)."""
+def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, weights, s):
+  """The forward for training: lhs and (without `weights`) the weights each quantised in both layouts in one pass
+  (quantize_pair); the backward's layouts are the residuals (FP8 lhs^T (K, M) instead of lhs)."""
   lhs_q, lhs_scale, lhs_t, lhs_t_scale = quantize_pair(lhs, "1x128", s.fp8_dtype, backend=s.backend)
-  rhs_q, rhs_scale, rhs_t, rhs_t_scale = quantize_pair(rhs, "128x128", s.fp8_dtype, backend=s.backend)
+  if weights is None:
+    rhs_q, rhs_scale, rhs_t, rhs_t_scale = quantize_pair(rhs, "128x128", s.fp8_dtype, backend=s.backend)
+    weights = (rhs_q, rhs_scale, rhs_t, rhs_t_scale) if s.transpose_rhs else (rhs_t, rhs_t_scale, rhs_q, rhs_scale)
   # (G, N, K) for this product (contracting K), (G, K, N) for dlhs (contracting N).
-  nk, kn = ((rhs_q, rhs_scale), (rhs_t, rhs_t_scale)) if s.transpose_rhs else ((rhs_t, rhs_t_scale), (rhs_q, rhs_scale))
+  nk, kn = weights[:2], weights[2:]
   out = _gmm_t(lhs_q, lhs_scale, *nk, group_sizes, group_offset, s.out_dtype, s, s.config)
   return out, (lhs_t, lhs_t_scale, *kn, group_sizes, group_offset)
 
@@ -193,13 +240,13 @@ def _fp8_gmm_bwd(s, residuals, dout):
   drhs = tgmm(a, b, group_sizes, lhs_scale=a_scale, rhs_scale=b_scale, transpose_rhs=True,
               preferred_element_type=s.lhs_dtype, group_offset=group_offset, num_actual_groups=rhs_kn.shape[0],
               backend=s.backend)
-  return dlhs, drhs, None, None
+  return dlhs, drhs, None, None, None  # No cotangent for the FP8 weights: rhs's is drhs.
 
 
 _fp8_gmm.defvjp(_fp8_gmm_fwd, _fp8_gmm_bwd)
 
 
-def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
+def fp8_gmm(lhs: jax.Array, rhs: jax.Array | Fp8Weights, group_sizes: jax.Array, *, transpose_rhs: bool = False,
             preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn, config=None,
             backend: str | None = None) -> jax.Array:
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
@@ -214,7 +261,9 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
 
   Args:
     lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.
-    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype. Or Fp8Weights of such an rhs
+      (quantize_weights, with this call's transpose_rhs and fp8_dtype): its FP8 arrays are used as they are, and
+      the gradient goes to its rhs.
     group_sizes: (G_total,) integer rows per group (G_total == G, or > G with group_offset).
     preferred_element_type: output dtype; default lhs's dtype.
     group_offset: optional int or int array, first local group (expert sharding), as for gmm.
@@ -224,13 +273,15 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
   Returns:
     (M, N); rows outside the computed groups are 0.
   """
+  weights = None
+  if isinstance(rhs, Fp8Weights):
+    validation.check_fp8_weights(rhs, transpose_rhs, fp8_dtype)
+    weights, rhs = (rhs.nk, rhs.nk_scale, rhs.kn, rhs.kn_scale), rhs.rhs
   # The checks of the bf16 product validate every argument (shapes, dtypes, groups) at trace time.
   _, _, _, _, out_dtype, _, config, backend = validation.check_gmm(
       lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
       backend)
-  fp8_dtype = jnp.dtype(fp8_dtype)
-  if fp8_dtype not in validation.FP8_DTYPES:
-    raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")
+  fp8_dtype = validation.check_fp8_dtype("fp8_dtype", fp8_dtype)
   s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend)
   offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
-  return _fp8_gmm(lhs, rhs, group_sizes, offset, s)
+  return _fp8_gmm(lhs, rhs, group_sizes, offset, weights, s)

@@ -1,7 +1,8 @@
 """jgmm.bench's plot (CPU): written where it says, or a line saying why none was written; jgmm.bench_tuned's
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
-jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select."""
+jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select; the
+FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead, beside gmm (tiny, CPU)."""
 import functools
 import io
 import os
@@ -122,6 +123,16 @@ class Fp8BenchTuneTest(absltest.TestCase):
     tuned = tune.calls(tune.parse_args(bench_fp8.tune_argv("", "out")))
     self.assertEqual({key for key, _ in tuned}, set(selected))
     self.assertEqual({(key.op, key.rows, m) for key, m in tuned}, {("masked_fp8", 32, 40), ("gmm_t_fp8", 64, 128)})
+
+  def test_recipe_case_times_fp8_gmm_with_weights_quantised_in_the_call_and_ahead(self):
+    result = bench_fp8.bench_recipe("tiny", 256, 256, 128, 2)
+    ms = result["fwd_bwd_ms"]
+    self.assertEqual(set(ms), {"fp8_gmm", "fp8_gmm_weights_ahead", "gmm_bf16"})
+    self.assertTrue(all(t > 0 for t in ms.values()), ms)
+    self.assertAlmostEqual(result["speedup_weights_ahead"], ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"])
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
+      bench_fp8._print([], [result])
+    self.assertIn("recipe speedup weights ahead geomean", printed.getvalue())
 
   def test_bench_fp8_tune_runs_the_tuner_on_the_named_cases(self):
     out = self.enter_context(tempfile.TemporaryDirectory())
