@@ -174,6 +174,13 @@ def bench_recipe(name, m, k, n, g):
 
 
 def _print(results, recipe):
+  if results:
+    _print_products(results)
+  if recipe:
+    _print_recipe(recipe)
+
+
+def _print_products(results):
   print("\nFP8 (TFLOP/s on the valid rows; DeepGEMM: published, H800)")
   print("| layout | G x rows | N, K | jgmm fp8 blocks | jgmm fp8 rowwise | jgmm bf16 | torch scaled_grouped_mm "
         "| torch scaled_mm dense | DeepGEMM | blocks vs DeepGEMM | blocks vs torch |")
@@ -188,16 +195,18 @@ def _print(results, recipe):
     print(f"| {r['layout']} | {r['g']}x{r['rows']} | {r['n']}, {r['k']} | {cell('jgmm_fp8_blocks')} | "
           f"{cell('jgmm_fp8_rowwise')} | {cell('jgmm_bf16')} | {cell('torch_scaled_grouped_mm')} | "
           f"{cell('torch_scaled_mm_dense')} | {deep or ''} | {vs_deep} | {vs_torch} |")
-  if recipe:
-    print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | gmm bf16 fwd+bwd ms | speedup | "
-          "speedup, weights ahead |")
-    print("|---|---|---|---|---|---|")
-    for r in recipe:
-      ms = r["fwd_bwd_ms"]
-      print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | {ms['gmm_bf16']:.3f} | "
-            f"{r['speedup']:.2f}x | {r['speedup_weights_ahead']:.2f}x |")
-    for key in ("speedup", "speedup_weights_ahead"):
-      print(f"recipe {key.replace('_', ' ')} geomean: {statistics.geometric_mean([r[key] for r in recipe]):.2f}x")
+
+
+def _print_recipe(recipe):
+  print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | gmm bf16 fwd+bwd ms | speedup | "
+        "speedup, weights ahead |")
+  print("|---|---|---|---|---|---|")
+  for r in recipe:
+    ms = r["fwd_bwd_ms"]
+    print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | {ms['gmm_bf16']:.3f} | "
+          f"{r['speedup']:.2f}x | {r['speedup_weights_ahead']:.2f}x |")
+  for key in ("speedup", "speedup_weights_ahead"):
+    print(f"recipe {key.replace('_', ' ')} geomean: {statistics.geometric_mean([r[key] for r in recipe]):.2f}x")
 
 
 def cases(wanted=""):
