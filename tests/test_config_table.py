@@ -181,19 +181,19 @@ class ShippedTableTest(TableTestBase):
 
   def test_the_h100_and_h200_tables_cover_the_model_families(self):
     """Every key scripts/tune_tables.sh tunes (the four example families at ep 1 and 8, 1 to 16384 tokens, forward
-    and backward ops) has an exact entry in both GPUs' tables, but the H200's for masked_gmm's d x products (masked
-    keys with transpose): the tuner keyed them without it until 2026-11-26, so no tuned entry of theirs was ever
-    selected; the H100's are tuned (session 20), the H200's run is owed (docs/perf-notes.md)."""
+    and backward ops, masked_gmm's d x products among them: masked keys with transpose) has an exact entry in both
+    GPUs' tables, and no masked entry holds a key they do not make (the tuner keyed the d x products without
+    transpose until 2026-11-26: those entries were never selected, and are gone)."""
     models = ("mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b", "gpt-oss-20b")
     examples = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
     args = tune.parse_args([f"--model-config={os.path.join(examples, m)}.json" for m in models] + ["--ep", "1,8"])
     keys = {key for key, _ in tune.calls(args)}
     self.assertLen(keys, 540)
-    masked_dx = {k for k in keys if k.op == "masked" and k.transpose}
-    self.assertLen(masked_dx, 108)
-    for kind, owed in ((H100, set()), (H200, masked_dx)):
+    self.assertLen({k for k in keys if k.op == "masked" and k.transpose}, 108)
+    for kind in (H100, H200):
       table = config_table.shipped_table("sm90", kind)
-      self.assertEqual(sorted(map(str, keys - owed - set(table))), [], kind)
+      self.assertEqual(sorted(map(str, keys - set(table))), [], kind)
+      self.assertEqual([str(k) for k in table if k.op == "masked" and k not in keys], [], kind)
 
   def test_every_shipped_table_parses_and_covers_the_bench_cases(self):
     names = [f.name for f in resources.files("jgmm.configs").iterdir() if f.name.endswith(".json")]
