@@ -28,7 +28,8 @@ Each op is a primitive (jgmm.primitives) lowering to backend_*.<op>_fp8. There a
 operands are inputs of a training recipe (`fp8_gmm`), not variables to differentiate.
 
 `fp8_gmm` is that recipe (DeepSeek-V3's): a gmm of bf16/fp32 operands computed in FP8, forward and backward;
-`quantize_weights` quantises its weights ahead, once for the calls of a step that reuse them (`Fp8Weights`).
+`quantize_weights` quantises its weights ahead (`Fp8Weights`, fp8_gmm's rhs_fp8), once for the calls of a step
+that reuse them.
 """
 import dataclasses
 import functools
@@ -147,22 +148,20 @@ def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend
   if jnp.dtype(x.dtype) not in map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)):
     raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
   dtype = validation.check_fp8_dtype("dtype", dtype)
-  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=backend))
+  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=validation._backend(backend)))
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=("rhs", "nk", "nk_scale", "kn", "kn_scale"),
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("nk", "nk_scale", "kn", "kn_scale"),
                    meta_fields=("transpose_rhs",))
 @dataclasses.dataclass(frozen=True)
 class Fp8Weights:
-  """fp8_gmm's weights quantised ahead (quantize_weights makes them): pass as fp8_gmm's rhs.
+  """fp8_gmm's weights quantised ahead (quantize_weights makes them), for its rhs_fp8 argument.
 
-  rhs: the weights themselves, (G, K, N), or (G, N, K) when transpose_rhs; fp8_gmm's gradient flows to them.
-  nk, nk_scale: rhs in FP8 as (G, N, K) with 128x128 block scales (G, cdiv(N, 128), cdiv(K, 128)) float32, the
-    K-major layout of the forward product.
+  nk, nk_scale: the weights in FP8 as (G, N, K) with 128x128 block scales (G, cdiv(N, 128), cdiv(K, 128)) float32,
+    the K-major layout of the forward product.
   kn, kn_scale: the same blocks as (G, K, N) with scales (G, cdiv(K, 128), cdiv(N, 128)), d lhs's.
-  transpose_rhs: rhs's layout (static).
+  transpose_rhs: the layout of the weights they were made from (static).
   """
-  rhs: jax.Array
   nk: jax.Array
   nk_scale: jax.Array
   kn: jax.Array
@@ -173,12 +172,12 @@ class Fp8Weights:
 def quantize_weights(rhs: jax.Array, *, transpose_rhs: bool = False, fp8_dtype=jnp.float8_e4m3fn,
                      backend: str | None = None) -> Fp8Weights:
   """rhs quantised for fp8_gmm ahead of its calls: per 128x128 block, in both layouts the recipe reads (one pass
-  over rhs on the GPU, quantize_pair).
+  over rhs on the GPU, quantize_pair). No gradient flows through it.
 
-  fp8_gmm quantises a bf16 rhs on every call (on an H100, ~1.5 ms of DeepSeek-V3's gate-up weights at 8-way expert
+  fp8_gmm quantises its weights on every call (on an H100, ~1.7 ms of DeepSeek-V3's gate-up weights at 8-way expert
   parallelism); where one step runs several calls through the same weights (micro-batches, gradient
-  accumulation), quantise them once per step and pass the result as fp8_gmm's rhs, inside the differentiated
-  function: gradients reach rhs as they would from fp8_gmm(lhs, rhs, ...), and the results are the same.
+  accumulation), quantise them once per step and pass the result as fp8_gmm's rhs_fp8 beside rhs, inside or
+  outside the differentiated function: the gradient still goes to rhs.
 
   Args:
     rhs: (G, K, N), or (G, N, K) when transpose_rhs; bfloat16, float16 or float32.
@@ -189,10 +188,10 @@ def quantize_weights(rhs: jax.Array, *, transpose_rhs: bool = False, fp8_dtype=j
   Returns:
     Fp8Weights of rhs.
   """
-  validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype)
+  validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype, backend)
   q, scale, qt, scale_t = quantize_pair(lax.stop_gradient(rhs), "128x128", fp8_dtype, backend=backend)
   nk, kn = ((q, scale), (qt, scale_t)) if transpose_rhs else ((qt, scale_t), (q, scale))
-  return Fp8Weights(rhs, *nk, *kn, transpose_rhs)
+  return Fp8Weights(*nk, *kn, transpose_rhs)
 
 
 def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
@@ -246,9 +245,9 @@ def _fp8_gmm_bwd(s, residuals, dout):
 _fp8_gmm.defvjp(_fp8_gmm_fwd, _fp8_gmm_bwd)
 
 
-def fp8_gmm(lhs: jax.Array, rhs: jax.Array | Fp8Weights, group_sizes: jax.Array, *, transpose_rhs: bool = False,
-            preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn, config=None,
-            backend: str | None = None) -> jax.Array:
+def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
+            preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn,
+            rhs_fp8: Fp8Weights | None = None, config=None, backend: str | None = None) -> jax.Array:
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
 
   Forward: lhs quantised per 1x128 block, rhs per 128x128 block, one FP8 gmm reading rhs as (G, N, K). Under
@@ -261,27 +260,30 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array | Fp8Weights, group_sizes: jax.Array,
 
   Args:
     lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.
-    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype. Or Fp8Weights of such an rhs
-      (quantize_weights, with this call's transpose_rhs and fp8_dtype): its FP8 arrays are used as they are, and
-      the gradient goes to its rhs.
+    rhs: (G, K, N), or (G, N, K) when transpose_rhs; lhs's dtype.
     group_sizes: (G_total,) integer rows per group (G_total == G, or > G with group_offset).
     preferred_element_type: output dtype; default lhs's dtype.
     group_offset: optional int or int array, first local group (expert sharding), as for gmm.
     fp8_dtype: float8_e4m3fn (NVIDIA) or float8_e4m3fnuz (ROCm).
+    rhs_fp8: optional quantize_weights(rhs, transpose_rhs=..., fp8_dtype=...) made ahead (once for a step's
+      micro-batches): the products read it instead of quantising rhs, and the gradient still goes to rhs. It must
+      be made from this rhs: a stale one gives the products of the weights it was made from. Under differentiation
+      the results are those without it bit for bit (both quantise rhs by quantize_pair); the forward alone may
+      differ by one FP8 step per element (quantize_pair against jgmm.quantize, see quantize_pair).
     config, backend: as for gmm (config applies to the forward product).
 
   Returns:
     (M, N); rows outside the computed groups are 0.
   """
-  weights = None
-  if isinstance(rhs, Fp8Weights):
-    validation.check_fp8_weights(rhs, transpose_rhs, fp8_dtype)
-    weights, rhs = (rhs.nk, rhs.nk_scale, rhs.kn, rhs.kn_scale), rhs.rhs
   # The checks of the bf16 product validate every argument (shapes, dtypes, groups) at trace time.
-  _, _, _, _, out_dtype, _, config, backend = validation.check_gmm(
+  _, k, n, _, out_dtype, _, config, backend = validation.check_gmm(
       lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
       backend)
   fp8_dtype = validation.check_fp8_dtype("fp8_dtype", fp8_dtype)
+  weights = None
+  if rhs_fp8 is not None:
+    validation.check_fp8_weights(rhs_fp8, Fp8Weights, rhs.shape[0], k, n, transpose_rhs, fp8_dtype)
+    weights = (rhs_fp8.nk, rhs_fp8.nk_scale, rhs_fp8.kn, rhs_fp8.kn_scale)
   s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend)
   offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
   return _fp8_gmm(lhs, rhs, group_sizes, offset, weights, s)

@@ -17,6 +17,8 @@ float8_e4m3fnuz (ROCm, max 240).
 """
 import jax.numpy as jnp
 
+from jgmm import validation
+
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e4m3fnuz))
 FP8_MAX = {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.float8_e4m3fnuz): 240.0}
 BLOCK = 128
@@ -76,9 +78,7 @@ def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
   """(q, scale): q (x's shape, dtype) = x / scale rounded to FP8, scale float32 (`scale_shape(recipe, x.shape)`).
 
   Blocks are reshapes of x (no gathers): one reduction and one elementwise pass, which XLA fuses."""
-  dtype = jnp.dtype(dtype)
-  if dtype not in FP8_MAX:
-    raise TypeError(f"dtype must be float8_e4m3fn or float8_e4m3fnuz, got {dtype}")
+  dtype = validation.check_fp8_dtype("dtype", dtype)
   x = jnp.asarray(x)
   fmax = FP8_MAX[dtype]
   split = _split(x.astype(jnp.float32), _blocks(recipe, x.shape))

@@ -470,33 +470,33 @@ def check_fp8_dtype(name, dtype):
   return dtype
 
 
-def check_quantize_weights(rhs, transpose_rhs, fp8_dtype):
+def check_quantize_weights(rhs, transpose_rhs, fp8_dtype, backend):
   """Validates jgmm.fp8.quantize_weights's arguments."""
   _float_array("rhs", rhs, 3, "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)")
   check_fp8_dtype("fp8_dtype", fp8_dtype)
+  _backend(backend)
 
 
-def check_fp8_weights(weights, transpose_rhs, fp8_dtype):
-  """fp8_gmm's rhs given as Fp8Weights: made (quantize_weights) for the call's layout and FP8 format, its arrays
-  those of its rhs's shape."""
+def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype):
+  """fp8_gmm's rhs_fp8 for weights of G x (K, N) products: a weights_type (jgmm.fp8.Fp8Weights) made
+  (quantize_weights) for the call's layout and FP8 format, its arrays of those shapes."""
+  if not isinstance(weights, weights_type):
+    raise TypeError(f"rhs_fp8 must be jgmm.Fp8Weights (jgmm.quantize_weights(rhs)), got {type(weights).__name__}")
   if weights.transpose_rhs != transpose_rhs:
-    raise ValueError(f"rhs is Fp8Weights of weights with transpose_rhs={weights.transpose_rhs}, but the call passes "
+    raise ValueError(f"rhs_fp8 was made with transpose_rhs={weights.transpose_rhs}, but the call passes "
                      f"transpose_rhs={transpose_rhs}: pass the layout quantize_weights was given")
-  layout = "(G, N, K)" if transpose_rhs else "(G, K, N)"
-  rhs = _float_array("rhs.rhs", weights.rhs, 3, layout)
-  g, n, k = rhs.shape if transpose_rhs else (rhs.shape[0], rhs.shape[2], rhs.shape[1])
   nb, kb = _cdiv(n, 128), _cdiv(k, 128)
-  fp8_dtype = check_fp8_dtype("fp8_dtype", fp8_dtype)
-  for name, q, q_layout, shape in (("rhs.nk", weights.nk, "(G, N, K)", (g, n, k)),
-                                   ("rhs.kn", weights.kn, "(G, K, N)", (g, k, n))):
-    _array(name, q, 3, q_layout)
+  for name, q, layout, shape in (("rhs_fp8.nk", weights.nk, "(G, N, K)", (g, n, k)),
+                                 ("rhs_fp8.kn", weights.kn, "(G, K, N)", (g, k, n))):
+    _array(name, q, 3, layout)
     if q.dtype != fp8_dtype:
       raise TypeError(f"{name} must have fp8_dtype ({fp8_dtype}), got {_describe(q)}: pass the fp8_dtype "
                       "quantize_weights was given")
-    _shape(name, q, shape, q_layout)
-  for name, operand, layout, shape in (("rhs.nk_scale", "rhs.nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
-                                       ("rhs.kn_scale", "rhs.kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):
-    _scale(name, getattr(weights, name[4:]), operand, [(layout, shape, "128x128 blocks")])
+    _shape(name, q, shape, layout)
+  for name, scale, operand, layout, shape in (
+      ("rhs_fp8.nk_scale", weights.nk_scale, "rhs_fp8.nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
+      ("rhs_fp8.kn_scale", weights.kn_scale, "rhs_fp8.kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):
+    _scale(name, scale, operand, [(layout, shape, "128x128 blocks")])
 
 
 def _fp8_out_dtype(preferred_element_type):

@@ -129,7 +129,6 @@ class Fp8BenchTuneTest(absltest.TestCase):
     ms = result["fwd_bwd_ms"]
     self.assertEqual(set(ms), {"fp8_gmm", "fp8_gmm_weights_ahead", "gmm_bf16"})
     self.assertTrue(all(t > 0 for t in ms.values()), ms)
-    self.assertAlmostEqual(result["speedup_weights_ahead"], ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"])
     with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
       bench_fp8._print([], [result])
     self.assertIn("recipe speedup weights ahead geomean", printed.getvalue())

@@ -4,8 +4,8 @@ python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
     interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
     product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
     KERNEL:VARIANT runs docs/experiments/gmm_fp8_ws_KERNEL.py, a changed copy of the kernel (base: the kernel before
-    the change under test, `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`);
-    m192_* 192-row tiles
+    the change under test, `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`); m192_*
+    192-row tiles
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
@@ -33,9 +33,7 @@ VARIANTS = {  # name: (lhs recipe, rhs recipe, block_n, stages, block_m)
     "blocks_128_s5": ("1x128", "128x128", 128, 5, 128), "rows_128_s5": ("row", "row", 128, 5, 128),
     "m192_blocks_128_s4": ("1x128", "128x128", 128, 4, 192), "m192_rows_128_s4": ("row", "row", 128, 4, 192)}
 sys.path.insert(0, os.path.dirname(__file__))
-# A variant named <kernel>:<variant> runs docs/experiments/gmm_fp8_ws_<kernel>.py (a changed copy of the kernel, e.g.
-# gmm_fp8_ws_base.py: `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`).
-MODULES = {}
+MODULES = {}  # {variant named KERNEL:VARIANT: the module docs/experiments/gmm_fp8_ws_KERNEL.py}
 
 
 def case_fns(layout, g, rows, n, k):

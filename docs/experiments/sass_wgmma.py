@@ -29,8 +29,8 @@ for arg in sys.argv[1:]:
     config = Config(block_m=128, block_n=256, block_k=128, num_stages=3, warp_specialized=True)
     jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=dt,
                                                config=config)).trace(
-        s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fm // 128, fk), jnp.float32),
-        s((fm // 128, fn), jnp.float32)).lower(lowering_platforms=("cuda",))
+        s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fk, fm // 128), jnp.float32),
+        s((fn, fm // 128), jnp.float32)).lower(lowering_platforms=("cuda",))
   elif arg.startswith("fp8:"):
     blocks, f8, fg, fm, fk, fn = arg == "fp8:blocks", jnp.float8_e4m3fn, 4, 1024, 7168, 4096
     config = Config(block_m=128, block_n=128, block_k=128, num_stages=4, warp_specialized=True)

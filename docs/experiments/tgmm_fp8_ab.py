@@ -4,7 +4,7 @@ stages, the heuristic's tiles there).
 python docs/experiments/tgmm_fp8_ab.py sass|time KERNEL,...
     KERNEL: tree (triton_kernels/tgmm_fp8_ws.py) or the name of a copy docs/experiments/tgmm_fp8_ws_KERNEL.py.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
-    output checked against the first kernel's (DeepGEMM's diff) and the bf16 tgmm's time beside them.
+    output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them.
 """
 import importlib
 import os
