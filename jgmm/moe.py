@@ -148,7 +148,8 @@ def _from_masked_layout(y, group_sizes, num_rows):
 
 
 def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swiglu", impl: str = "jgmm",
-               layout: str = "contiguous", max_rows_per_expert: int | None = None, backend: str | None = None):
+               layout: str = "contiguous", max_rows_per_expert: int | None = None,
+               fp8_weights: tuple[fp8.Fp8Weights, fp8.Fp8Weights] | None = None, backend: str | None = None):
   """Each expert's MLP on its rows: rows (n, H) sorted by expert, group_sizes (E,) -> (n, H).
 
   out[rows of e] = act(rows @ w_gate_up[e]) @ w_down[e]; w_gate_up (E, H, 2F) with [gate | up] columns for
@@ -159,8 +160,12 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
   layout: "contiguous" (gmm on the sorted rows) or "masked" (jgmm.masked_gmm on (E, max_rows_per_expert, H)
     per-expert buffers, the decode-time layout; it reads the weights transposed, a copy per call; default
     max_rows_per_expert = n, which never drops; rows past it are 0).
+  fp8_weights: with impl="fp8", optional (jgmm.quantize_weights(w_gate_up), jgmm.quantize_weights(w_down)) made
+    ahead, once for a step whose micro-batches reuse the weights (jgmm.fp8_gmm's rhs_fp8; gradients still go to
+    w_gate_up and w_down).
   """
-  validation.check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert)
+  validation.check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert,
+                              fp8_weights, fp8.Fp8Weights)
   if layout == "masked":
     max_rows = rows.shape[0] if max_rows_per_expert is None else max_rows_per_expert
     buffers = _masked_layout(rows, group_sizes, max_rows)
@@ -175,9 +180,11 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
     h = activations.apply(activation, h).astype(rows.dtype)
     return lax.ragged_dot(h, w_down, group_sizes, preferred_element_type=jnp.float32).astype(rows.dtype)
   if impl == "fp8":
-    h = fp8.fp8_gmm(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32, backend=backend)
+    gate_up_fp8, down_fp8 = fp8_weights or (None, None)
+    h = fp8.fp8_gmm(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32, rhs_fp8=gate_up_fp8,
+                    backend=backend)
     h = activations.apply(activation, h).astype(rows.dtype)
-    return fp8.fp8_gmm(h, w_down, group_sizes, backend=backend)
+    return fp8.fp8_gmm(h, w_down, group_sizes, rhs_fp8=down_fp8, backend=backend)
   h = ops.gmm(rows, w_gate_up, group_sizes, activation=activation, backend=backend)
   return ops.gmm(h, w_down, group_sizes, backend=backend)
 
@@ -199,7 +206,8 @@ def _combine(routed, x, shared_experts, activation):
 def moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, activation: str = "swiglu",
             score: str = "softmax", renormalize: bool = True, router_bias=None, shared_experts=None,
             capacity: int | None = None, return_dropped: bool = False, impl: str = "jgmm",
-            layout: str = "contiguous", max_rows_per_expert: int | None = None, backend: str | None = None):
+            layout: str = "contiguous", max_rows_per_expert: int | None = None,
+            fp8_weights: tuple[fp8.Fp8Weights, fp8.Fp8Weights] | None = None, backend: str | None = None):
   """A Mixture-of-Experts MLP: x (T, H), router_logits (T, E) -> (T, H).
 
   out[t] = sum_j weights[t, j] * expert_mlp_{expert_ids[t, j]}(x[t]) (+ shared MLP(x[t])), with
@@ -207,13 +215,13 @@ def moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, activation: str 
   w_gate_up (E, H, 2F) ([gate | up] columns for swiglu, else (E, H, F)), w_down (E, F, H), x's dtype.
   shared_experts: optional dense (w_gate_up (H, 2Fs), w_down (Fs, H)) applied to every token.
   capacity: optional rows per expert (dropless without); return_dropped: also return the (T, k) bool mask
-  of dropped slots. impl, layout, max_rows_per_expert, backend: as for expert_mlp.
+  of dropped slots. impl, layout, max_rows_per_expert, fp8_weights, backend: as for expert_mlp.
   """
   validation.check_moe(x, router_logits, w_gate_up, w_down, activation)
   weights, expert_ids = route(router_logits, top_k, score=score, renormalize=renormalize, bias=router_bias)
   rows, group_sizes, permutation = permute(x, expert_ids, w_gate_up.shape[0], capacity=capacity)
   y = expert_mlp(rows, group_sizes, w_gate_up, w_down, activation=activation, impl=impl, layout=layout,
-                 max_rows_per_expert=max_rows_per_expert, backend=backend)
+                 max_rows_per_expert=max_rows_per_expert, fp8_weights=fp8_weights, backend=backend)
   out = _combine(unpermute(y, permutation, weights), x, shared_experts, activation)
   return (out, permutation.dropped) if return_dropped else out
 

@@ -368,8 +368,9 @@ def check_shared_experts(x, shared_experts, activation):
                        stacked=False)
 
 
-def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert):
-  """Validates expert_mlp's arguments; returns (E, F)."""
+def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert,
+                     fp8_weights=None, weights_type=None):
+  """Validates expert_mlp's arguments (fp8_weights: a pair of weights_type, jgmm.fp8.Fp8Weights); returns (E, F)."""
   _choice("impl", impl, MOE_IMPLS)
   _choice("layout", layout, MOE_LAYOUTS)
   if impl != "jgmm" and layout == "masked":
@@ -378,6 +379,15 @@ def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, lay
   experts, ffn = check_expert_weights(rows, w_gate_up, w_down, activation, stacked=True)
   _int_array("group_sizes", group_sizes, 1, "(E,)")
   _shape("group_sizes", group_sizes, (experts,), "(E,)")
+  if fp8_weights is not None:
+    if impl != "fp8":
+      raise ValueError(f"fp8_weights (the weights quantised ahead) go with impl='fp8', got impl={impl!r}")
+    if not isinstance(fp8_weights, (tuple, list)) or len(fp8_weights) != 2:
+      raise TypeError("fp8_weights must be a pair (jgmm.quantize_weights(w_gate_up), jgmm.quantize_weights(w_down)) "
+                      f"or None, got {type(fp8_weights).__name__}")
+    hidden, width = w_gate_up.shape[1:]
+    for i, (k, n) in enumerate(((hidden, width), (ffn, hidden))):
+      check_fp8_weights(fp8_weights[i], weights_type, experts, k, n, False, FP8_DTYPES[0], name=f"fp8_weights[{i}]")
   return experts, ffn
 
 
@@ -477,26 +487,26 @@ def check_quantize_weights(rhs, transpose_rhs, fp8_dtype, backend):
   _backend(backend)
 
 
-def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype):
-  """fp8_gmm's rhs_fp8 for weights of G x (K, N) products: a weights_type (jgmm.fp8.Fp8Weights) made
+def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype, name="rhs_fp8"):
+  """`name`, weights of G x (K, N) products quantised ahead: a weights_type (jgmm.fp8.Fp8Weights) made
   (quantize_weights) for the call's layout and FP8 format, its arrays of those shapes."""
   if not isinstance(weights, weights_type):
-    raise TypeError(f"rhs_fp8 must be jgmm.Fp8Weights (jgmm.quantize_weights(rhs)), got {type(weights).__name__}")
+    raise TypeError(f"{name} must be jgmm.Fp8Weights (jgmm.quantize_weights of the weights), got "
+                    f"{type(weights).__name__}")
   if weights.transpose_rhs != transpose_rhs:
-    raise ValueError(f"rhs_fp8 was made with transpose_rhs={weights.transpose_rhs}, but the call passes "
+    raise ValueError(f"{name} was made with transpose_rhs={weights.transpose_rhs}, but the call passes "
                      f"transpose_rhs={transpose_rhs}: pass the layout quantize_weights was given")
   nb, kb = _cdiv(n, 128), _cdiv(k, 128)
-  for name, q, layout, shape in (("rhs_fp8.nk", weights.nk, "(G, N, K)", (g, n, k)),
-                                 ("rhs_fp8.kn", weights.kn, "(G, K, N)", (g, k, n))):
-    _array(name, q, 3, layout)
+  for field, layout, shape in (("nk", "(G, N, K)", (g, n, k)), ("kn", "(G, K, N)", (g, k, n))):
+    q = _array(f"{name}.{field}", getattr(weights, field), 3, layout)
     if q.dtype != fp8_dtype:
-      raise TypeError(f"{name} must have fp8_dtype ({fp8_dtype}), got {_describe(q)}: pass the fp8_dtype "
+      raise TypeError(f"{name}.{field} must have fp8_dtype ({fp8_dtype}), got {_describe(q)}: pass the fp8_dtype "
                       "quantize_weights was given")
-    _shape(name, q, shape, layout)
-  for name, scale, operand, layout, shape in (
-      ("rhs_fp8.nk_scale", weights.nk_scale, "rhs_fp8.nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
-      ("rhs_fp8.kn_scale", weights.kn_scale, "rhs_fp8.kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):
-    _scale(name, scale, operand, [(layout, shape, "128x128 blocks")])
+    _shape(f"{name}.{field}", q, shape, layout)
+  for field, layout, shape in (("nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
+                               ("kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):
+    _scale(f"{name}.{field}_scale", getattr(weights, f"{field}_scale"), f"{name}.{field}",
+           [(layout, shape, "128x128 blocks")])
 
 
 def _fp8_out_dtype(preferred_element_type):

@@ -141,8 +141,8 @@ class Fp8RecipeTest(parameterized.TestCase):
     rhs = jnp.ones((2, 256, 128), jnp.bfloat16)  # (G, K, N): K = 256, N = 128
     lhs, sizes = jnp.ones((8, 256), jnp.bfloat16), jnp.asarray([4, 4])
     weights = jgmm.quantize_weights(rhs)
-    with self.assertRaisesRegex(TypeError, r"rhs_fp8 must be jgmm.Fp8Weights \(jgmm.quantize_weights\(rhs\)\), got "
-                                "tuple"):
+    with self.assertRaisesRegex(TypeError, r"rhs_fp8 must be jgmm.Fp8Weights \(jgmm.quantize_weights of the weights\), "
+                                "got tuple"):
       jgmm.fp8_gmm(lhs, rhs, sizes, rhs_fp8=(weights.nk, weights.nk_scale, weights.kn, weights.kn_scale))
     with self.assertRaisesRegex(ValueError, "rhs_fp8 was made with transpose_rhs=False, but the call passes "
                                 "transpose_rhs=True"):

@@ -21,6 +21,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+import jgmm
 from jgmm import moe, oracle
 
 try:
@@ -251,6 +252,25 @@ class MoeTest(MoeTestBase):
       self.assertEqual(g.dtype, r.dtype, name)
       self.assert_close(g, r, f"fp8 impl d{name}", 0.15)
 
+  def test_moe_mlp_fp8_weights_quantised_ahead(self):
+    """impl="fp8" with fp8_weights made once outside the gradient: the output and every gradient (w_gate_up and
+    w_down's too) bit for bit those that quantise the weights in each product."""
+    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    w_gate_up, w_down = self.weights()
+    proj = _normal(self.rng, H)
+    ahead = jax.jit(lambda *w: tuple(jgmm.quantize_weights(a) for a in w))(w_gate_up, w_down)
+
+    @jax.jit
+    def value_and_grads(x, logits, w_gate_up, w_down, fp8_weights):
+      fn = lambda *a: jnp.sum(jnp.tanh(moe.moe_mlp(*a, TOP_K, impl="fp8", fp8_weights=fp8_weights)) * proj)
+      return jax.value_and_grad(fn, argnums=(0, 1, 2, 3))(x, logits, w_gate_up, w_down)
+
+    got, want = (value_and_grads(x, logits, w_gate_up, w_down, w) for w in (ahead, None))
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      self.assertFalse(np.isnan(np.asarray(g)).any())
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+    self.assertGreater(float(jnp.max(jnp.abs(got[1][2]))), 0.0)  # d w_gate_up reaches the weights
+
   def test_masked_layout_rows_past_max_rows_are_zero(self):
     rows = _normal(self.rng, 20, H)
     sizes = jnp.asarray([9, 0, 6, 5], jnp.int32)
@@ -346,6 +366,14 @@ class MoeValidationTest(MoeTestBase):
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8", layout="masked")),
         (ValueError, r"layout='masked' .*no impl='ragged_dot'",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="ragged_dot", layout="masked")),
+        (ValueError, r"fp8_weights \(the weights quantised ahead\) go with impl='fp8', got impl='jgmm'",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, fp8_weights=(w_gate_up, w_down))),
+        (TypeError, r"fp8_weights must be a pair .* got Fp8Weights",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8",
+                             fp8_weights=jgmm.quantize_weights(w_gate_up))),
+        (ValueError, r"fp8_weights\[1\].nk must have shape \(G, N, K\) = \(8, 12, 10\), got shape \(8, 20, 12\)",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8",
+                             fp8_weights=(jgmm.quantize_weights(w_gate_up),) * 2)),
         (TypeError, r"shared_experts must be a pair",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, shared_experts=w_down)),
         (ValueError, r"shared_experts\[1\] must have shape \(F, H\) = \(5, 12\), got shape \(6, 12\)",

@@ -58,6 +58,6 @@ for arg in sys.argv[1:]:
                 for line in sass.splitlines() if "GMMA" in line or "WARPGROUP.DEPBAR" in line)
   print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
   for line in ptxas.splitlines():
-    if "Used" in line or "C75" in line or "spill" in line:
+    if any(word in line for word in ("Used", "C75", "spill")):
       print("  ptxas:", line.split("ptxas info    : ")[-1][:160])
   print("  HGMMA/wait sequence:", seq)
