@@ -140,15 +140,8 @@ def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend
     by the scale's reciprocal where quantize divides: an FP8 value may then differ by one step, where x / scale lies
     within a float32 ulp of a rounding boundary (and XLA's own division on a GPU may differ from IEEE's by an ulp).
   """
-  if recipe not in ("1x128", "128x128"):
-    raise ValueError(f"recipe must be '1x128' or '128x128', got {recipe!r}")
-  if x.ndim != 2 and not (recipe == "128x128" and x.ndim == 3):
-    raise ValueError(f"x must be (R, C){' or (G, R, C)' if recipe == '128x128' else ''} for recipe {recipe!r}, "
-                     f"got shape {x.shape}")
-  if jnp.dtype(x.dtype) not in map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)):
-    raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
-  dtype = validation.check_fp8_dtype("dtype", dtype)
-  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=validation._backend(backend)))
+  dtype, backend = validation.check_quantize_pair(x, recipe, dtype, backend)
+  return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=backend))
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=("nk", "nk_scale", "kn", "kn_scale"),
@@ -188,7 +181,7 @@ def quantize_weights(rhs: jax.Array, *, transpose_rhs: bool = False, fp8_dtype=j
   Returns:
     Fp8Weights of rhs.
   """
-  validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype, backend)
+  validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype)
   q, scale, qt, scale_t = quantize_pair(lax.stop_gradient(rhs), "128x128", fp8_dtype, backend=backend)
   nk, kn = ((q, scale), (qt, scale_t)) if transpose_rhs else ((qt, scale_t), (q, scale))
   return Fp8Weights(*nk, *kn, transpose_rhs)

@@ -19,6 +19,8 @@ from jax import lax
 
 from jgmm import activations, fp8, ops, validation
 
+FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # The FP8 format of impl="fp8" (and of its fp8_weights).
+
 
 class Permutation(NamedTuple):
   """What `unpermute` needs to scatter expert outputs back to their slots (a pytree of arrays).
@@ -165,7 +167,7 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
     w_gate_up and w_down).
   """
   validation.check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert,
-                              fp8_weights, fp8.Fp8Weights)
+                              fp8_weights, fp8.Fp8Weights, FP8_DTYPE)
   if layout == "masked":
     max_rows = rows.shape[0] if max_rows_per_expert is None else max_rows_per_expert
     buffers = _masked_layout(rows, group_sizes, max_rows)
@@ -181,10 +183,10 @@ def expert_mlp(rows, group_sizes, w_gate_up, w_down, *, activation: str = "swigl
     return lax.ragged_dot(h, w_down, group_sizes, preferred_element_type=jnp.float32).astype(rows.dtype)
   if impl == "fp8":
     gate_up_fp8, down_fp8 = fp8_weights or (None, None)
-    h = fp8.fp8_gmm(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32, rhs_fp8=gate_up_fp8,
-                    backend=backend)
+    h = fp8.fp8_gmm(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32, fp8_dtype=FP8_DTYPE,
+                    rhs_fp8=gate_up_fp8, backend=backend)
     h = activations.apply(activation, h).astype(rows.dtype)
-    return fp8.fp8_gmm(h, w_down, group_sizes, rhs_fp8=down_fp8, backend=backend)
+    return fp8.fp8_gmm(h, w_down, group_sizes, fp8_dtype=FP8_DTYPE, rhs_fp8=down_fp8, backend=backend)
   h = ops.gmm(rows, w_gate_up, group_sizes, activation=activation, backend=backend)
   return ops.gmm(h, w_down, group_sizes, backend=backend)
 
@@ -275,6 +277,7 @@ def expert_parallel_moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, 
                             dispatch: str | None = None, activation: str = "swiglu", score: str = "softmax",
                             renormalize: bool = True, router_bias=None, shared_experts=None,
                             impl: str = "jgmm", layout: str = "contiguous", max_rows_per_expert: int | None = None,
+                            fp8_weights: tuple[fp8.Fp8Weights, fp8.Fp8Weights] | None = None,
                             backend: str | None = None):
   """moe_mlp with the experts sharded over axis_name (D devices), for use inside shard_map. Dropless.
 
@@ -287,11 +290,14 @@ def expert_parallel_moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, 
   dispatch: "ragged" (jax.lax.ragged_all_to_all: only the routed rows travel), "padded" (jax.lax.all_to_all
   of (D, T_local * k, H) buffers: works on every backend), None for default_dispatch(). Each device holds
   a receive buffer of D * T_local * k rows (every routed row could pick its experts).
+  fp8_weights: with impl="fp8", this device's experts' weights quantised ahead (expert_mlp's; quantize_weights of
+  the whole weights shards with them along the experts, their first axis).
   """
   axis_size = lax.axis_size(axis_name)
   validation.check_moe(x, router_logits, w_gate_up, w_down, activation, axis_size, dispatch)
   mlp = functools.partial(expert_mlp, w_gate_up=w_gate_up, w_down=w_down, activation=activation, impl=impl,
-                          layout=layout, max_rows_per_expert=max_rows_per_expert, backend=backend)
+                          layout=layout, max_rows_per_expert=max_rows_per_expert, fp8_weights=fp8_weights,
+                          backend=backend)
   weights, expert_ids = route(router_logits, top_k, score=score, renormalize=renormalize, bias=router_bias)
   num_experts, local_experts = router_logits.shape[1], w_gate_up.shape[0]
   rows, group_sizes, permutation = permute(x, expert_ids, num_experts)

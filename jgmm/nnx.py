@@ -28,7 +28,10 @@ class MoEMLP(nnx.Module):
     self.shared_down = init(num_shared, num_shared, hidden) if num_shared else None
     self.top_k, self.activation, self.dtype, self.moe_options = top_k, activation, dtype, moe_options
 
-  def __call__(self, x):
+  def __call__(self, x, fp8_weights=None):
+    """x (..., H) -> (..., H). fp8_weights: with impl="fp8", optional (jgmm.quantize_weights(w_gate_up),
+    jgmm.quantize_weights(w_down)) of this layer's expert weights in the experts' dtype, made ahead (once per step
+    for its micro-batches; remade after each update): jgmm.moe.expert_mlp's."""
     dtype = self.dtype or self.w_gate_up[...].dtype
     tokens = x.reshape(-1, x.shape[-1]).astype(dtype)
     logits = jnp.dot(tokens.astype(jnp.float32), self.router[...].astype(jnp.float32))
@@ -36,5 +39,6 @@ class MoEMLP(nnx.Module):
     if self.shared_gate_up is not None:
       shared = (self.shared_gate_up[...].astype(dtype), self.shared_down[...].astype(dtype))
     out = moe.moe_mlp(tokens, logits, self.w_gate_up[...].astype(dtype), self.w_down[...].astype(dtype),
-                      self.top_k, activation=self.activation, shared_experts=shared, **self.moe_options)
+                      self.top_k, activation=self.activation, shared_experts=shared, fp8_weights=fp8_weights,
+                      **self.moe_options)
     return out.reshape(x.shape).astype(x.dtype)

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 
 from jgmm import validation
 
-FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e4m3fnuz))
 FP8_MAX = {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.float8_e4m3fnuz): 240.0}
 BLOCK = 128
 RECIPES = ("row", "1x128", "128x128", "128x1")

@@ -369,8 +369,9 @@ def check_shared_experts(x, shared_experts, activation):
 
 
 def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, layout, max_rows_per_expert,
-                     fp8_weights=None, weights_type=None):
-  """Validates expert_mlp's arguments (fp8_weights: a pair of weights_type, jgmm.fp8.Fp8Weights); returns (E, F)."""
+                     fp8_weights, weights_type, fp8_dtype):
+  """Validates expert_mlp's arguments (fp8_weights: None or a pair of weights_type, jgmm.fp8.Fp8Weights, in FP8
+  format fp8_dtype); returns (E, F)."""
   _choice("impl", impl, MOE_IMPLS)
   _choice("layout", layout, MOE_LAYOUTS)
   if impl != "jgmm" and layout == "masked":
@@ -387,7 +388,7 @@ def check_expert_mlp(rows, group_sizes, w_gate_up, w_down, activation, impl, lay
                       f"or None, got {type(fp8_weights).__name__}")
     hidden, width = w_gate_up.shape[1:]
     for i, (k, n) in enumerate(((hidden, width), (ffn, hidden))):
-      check_fp8_weights(fp8_weights[i], weights_type, experts, k, n, False, FP8_DTYPES[0], name=f"fp8_weights[{i}]")
+      check_fp8_weights(fp8_weights[i], weights_type, experts, k, n, False, fp8_dtype, name=f"fp8_weights[{i}]")
   return experts, ffn
 
 
@@ -480,11 +481,22 @@ def check_fp8_dtype(name, dtype):
   return dtype
 
 
-def check_quantize_weights(rhs, transpose_rhs, fp8_dtype, backend):
-  """Validates jgmm.fp8.quantize_weights's arguments."""
+def check_quantize_pair(x, recipe, dtype, backend):
+  """Validates jgmm.fp8.quantize_pair's arguments; returns (dtype, backend)."""
+  if recipe not in ("1x128", "128x128"):
+    raise ValueError(f"recipe must be '1x128' or '128x128', got {recipe!r}")
+  if x.ndim != 2 and not (recipe == "128x128" and x.ndim == 3):
+    raise ValueError(f"x must be (R, C){' or (G, R, C)' if recipe == '128x128' else ''} for recipe {recipe!r}, "
+                     f"got shape {x.shape}")
+  if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+  return check_fp8_dtype("dtype", dtype), _backend(backend)
+
+
+def check_quantize_weights(rhs, transpose_rhs, fp8_dtype):
+  """Validates jgmm.fp8.quantize_weights's own arguments (quantize_pair checks backend)."""
   _float_array("rhs", rhs, 3, "(G, N, K)" if _flag("transpose_rhs", transpose_rhs) else "(G, K, N)")
   check_fp8_dtype("fp8_dtype", fp8_dtype)
-  _backend(backend)
 
 
 def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype, name="rhs_fp8"):
@@ -494,14 +506,15 @@ def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype, 
     raise TypeError(f"{name} must be jgmm.Fp8Weights (jgmm.quantize_weights of the weights), got "
                     f"{type(weights).__name__}")
   if weights.transpose_rhs != transpose_rhs:
-    raise ValueError(f"{name} was made with transpose_rhs={weights.transpose_rhs}, but the call passes "
-                     f"transpose_rhs={transpose_rhs}: pass the layout quantize_weights was given")
+    raise ValueError(f"{name} was made with transpose_rhs={weights.transpose_rhs}, but the call reads weights with "
+                     f"transpose_rhs={transpose_rhs}: make it with "
+                     f"quantize_weights(..., transpose_rhs={transpose_rhs})")
   nb, kb = _cdiv(n, 128), _cdiv(k, 128)
   for field, layout, shape in (("nk", "(G, N, K)", (g, n, k)), ("kn", "(G, K, N)", (g, k, n))):
     q = _array(f"{name}.{field}", getattr(weights, field), 3, layout)
     if q.dtype != fp8_dtype:
-      raise TypeError(f"{name}.{field} must have fp8_dtype ({fp8_dtype}), got {_describe(q)}: pass the fp8_dtype "
-                      "quantize_weights was given")
+      raise TypeError(f"{name}.{field} must have the call's FP8 format {fp8_dtype}, got {_describe(q)}: make it with "
+                      f"quantize_weights(..., fp8_dtype=jnp.{fp8_dtype})")
     _shape(f"{name}.{field}", q, shape, layout)
   for field, layout, shape in (("nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
                                ("kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):

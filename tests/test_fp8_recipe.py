@@ -111,13 +111,21 @@ class Fp8RecipeTest(parameterized.TestCase):
                     f"seed {self.seed}")
 
   def test_products_read_rhs_fp8(self):
-    """The products read rhs_fp8, not rhs: given the weights of another rhs, the output is that rhs's product."""
-    lhs, sizes = self.normal((64, 256)), jnp.asarray([40, 24], jnp.int32)
+    """The products read rhs_fp8, not rhs: given the weights of another rhs, the output is that rhs's product, and
+    under differentiation the output and gradients are bit for bit fp8_gmm's on that rhs."""
+    lhs, sizes, dout = self.normal((64, 256)), jnp.asarray([40, 24], jnp.int32), self.normal((64, 128))
     rhs, other = self.normal((2, 256, 128)), self.normal((2, 256, 128))
-    got = jgmm.fp8_gmm(lhs, rhs, sizes, rhs_fp8=jgmm.quantize_weights(other, backend=self.backend),
-                       backend=self.backend)
+    other_fp8 = jgmm.quantize_weights(other, backend=self.backend)
+    got = jgmm.fp8_gmm(lhs, rhs, sizes, rhs_fp8=other_fp8, backend=self.backend)
     self.assertLess(oracle.deepgemm_diff(got, jgmm.gmm(lhs, other, sizes)), CRITERION, f"seed {self.seed}")
     self.assertGreater(oracle.deepgemm_diff(got, jgmm.gmm(lhs, rhs, sizes)), 0.1)
+
+    def run(r, weights):
+      out, vjp = jax.vjp(lambda l, r: jgmm.fp8_gmm(l, r, sizes, rhs_fp8=weights, backend=self.backend), lhs, r)
+      return (out, *vjp(dout))
+
+    for a, b in zip(jax.jit(run)(rhs, other_fp8), jax.jit(lambda r: run(r, None))(other)):
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
   def test_weights_quantised_once_for_micro_batches(self):
     """Gradient accumulation, one gradient call per micro-batch: with the weights quantised once outside them, each
@@ -144,11 +152,12 @@ class Fp8RecipeTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, r"rhs_fp8 must be jgmm.Fp8Weights \(jgmm.quantize_weights of the weights\), "
                                 "got tuple"):
       jgmm.fp8_gmm(lhs, rhs, sizes, rhs_fp8=(weights.nk, weights.nk_scale, weights.kn, weights.kn_scale))
-    with self.assertRaisesRegex(ValueError, "rhs_fp8 was made with transpose_rhs=False, but the call passes "
-                                "transpose_rhs=True"):
+    with self.assertRaisesRegex(ValueError, r"rhs_fp8 was made with transpose_rhs=False, but the call reads weights "
+                                r"with transpose_rhs=True: make it with quantize_weights\(..., transpose_rhs=True\)"):
       jgmm.fp8_gmm(lhs, jnp.swapaxes(rhs, 1, 2), sizes, transpose_rhs=True, rhs_fp8=weights)
-    with self.assertRaisesRegex(TypeError, r"rhs_fp8.nk must have fp8_dtype \(float8_e4m3fnuz\), got shape "
-                                r"\(2, 128, 256\) and dtype float8_e4m3fn"):
+    with self.assertRaisesRegex(TypeError, r"rhs_fp8.nk must have the call's FP8 format float8_e4m3fnuz, got shape "
+                                r"\(2, 128, 256\) and dtype float8_e4m3fn: make it with quantize_weights\(..., "
+                                r"fp8_dtype=jnp.float8_e4m3fnuz\)"):
       jgmm.fp8_gmm(lhs, rhs, sizes, rhs_fp8=weights, fp8_dtype=jnp.float8_e4m3fnuz)
     with self.assertRaisesRegex(ValueError, r"rhs_fp8.kn must have shape \(G, K, N\) = \(2, 256, 128\), got shape "
                                 r"\(2, 128, 256\)"):

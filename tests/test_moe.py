@@ -253,19 +253,21 @@ class MoeTest(MoeTestBase):
       self.assert_close(g, r, f"fp8 impl d{name}", 0.15)
 
   def test_moe_mlp_fp8_weights_quantised_ahead(self):
-    """impl="fp8" with fp8_weights made once outside the gradient: the output and every gradient (w_gate_up and
-    w_down's too) bit for bit those that quantise the weights in each product."""
+    """impl="fp8" with fp8_weights made once outside the gradient, of other weights: the output and every gradient
+    bit for bit those of impl="fp8" on those weights (the products read the copies; the weights' gradients reach
+    the weights passed)."""
     x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
     w_gate_up, w_down = self.weights()
+    other = self.weights()
     proj = _normal(self.rng, H)
-    ahead = jax.jit(lambda *w: tuple(jgmm.quantize_weights(a) for a in w))(w_gate_up, w_down)
+    ahead = jax.jit(lambda *w: tuple(jgmm.quantize_weights(a) for a in w))(*other)
 
     @jax.jit
     def value_and_grads(x, logits, w_gate_up, w_down, fp8_weights):
       fn = lambda *a: jnp.sum(jnp.tanh(moe.moe_mlp(*a, TOP_K, impl="fp8", fp8_weights=fp8_weights)) * proj)
       return jax.value_and_grad(fn, argnums=(0, 1, 2, 3))(x, logits, w_gate_up, w_down)
 
-    got, want = (value_and_grads(x, logits, w_gate_up, w_down, w) for w in (ahead, None))
+    got, want = value_and_grads(x, logits, w_gate_up, w_down, ahead), value_and_grads(x, logits, *other, None)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       self.assertFalse(np.isnan(np.asarray(g)).any())
       np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
@@ -368,6 +370,16 @@ class MoeValidationTest(MoeTestBase):
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="ragged_dot", layout="masked")),
         (ValueError, r"fp8_weights \(the weights quantised ahead\) go with impl='fp8', got impl='jgmm'",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, fp8_weights=(w_gate_up, w_down))),
+        (TypeError, r"fp8_weights\[0\] must be jgmm.Fp8Weights \(jgmm.quantize_weights of the weights\), got ",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8", fp8_weights=(w_gate_up, w_down))),
+        (ValueError, r"fp8_weights\[0\] was made with transpose_rhs=True, but the call reads weights with "
+         r"transpose_rhs=False: make it with quantize_weights\(..., transpose_rhs=False\)",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8", fp8_weights=(
+             jgmm.quantize_weights(jnp.swapaxes(w_gate_up, 1, 2), transpose_rhs=True), None))),
+        (TypeError, r"fp8_weights\[1\].nk must have the call's FP8 format float8_e4m3fn, got .* float8_e4m3fnuz: "
+         r"make it with quantize_weights\(..., fp8_dtype=jnp.float8_e4m3fn\)",
+         lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8", fp8_weights=(
+             jgmm.quantize_weights(w_gate_up), jgmm.quantize_weights(w_down, fp8_dtype=jnp.float8_e4m3fnuz)))),
         (TypeError, r"fp8_weights must be a pair .* got Fp8Weights",
          lambda: moe.moe_mlp(x, logits, w_gate_up, w_down, 2, impl="fp8",
                              fp8_weights=jgmm.quantize_weights(w_gate_up))),
@@ -443,6 +455,28 @@ class ExpertParallelTest(MoeTestBase):
     want = jax.jit(jax.grad(loss(lambda *a: moe.moe_mlp(*a, TOP_K)), argnums=(0, 1, 2, 3)))(*inputs)
     for g, r, name in zip(got, want, ("x", "router_logits", "w_gate_up", "w_down")):
       self.assert_close(g, r, f"d{name}", GRAD_TOL)
+
+  def test_fp8_weights_quantised_ahead(self):
+    """impl="fp8" with fp8_weights: quantize_weights of the whole weights, sharded with them along the experts, made
+    of other weights: output and gradients bit for bit those on the other weights."""
+    x, logits, w_gate_up, w_down = self._inputs(8)
+    other = self.weights(num_experts=8)
+    ahead = tuple(jgmm.quantize_weights(w) for w in other)
+
+    def sharded(fp8_weights):
+      def fn(x, logits, w_gate_up, w_down, *fp8_weights):
+        return moe.expert_parallel_moe_mlp(x, logits, w_gate_up, w_down, TOP_K, axis_name="expert", impl="fp8",
+                                           dispatch="padded", fp8_weights=fp8_weights or None)
+      mapped = shard_map(fn, mesh=self.mesh, in_specs=(P("expert"),) * (4 + len(fp8_weights)),
+                         out_specs=P("expert"))
+      loss = lambda *a: jnp.sum(jnp.tanh(mapped(*a, *fp8_weights)))
+      return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+
+    got = sharded(ahead)(x, logits, w_gate_up, w_down)
+    want = sharded(())(x, logits, *other)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+    self.assertGreater(float(jnp.max(jnp.abs(got[1][2]))), 0.0)
 
   def test_shared_experts_and_bias(self):
     inputs = self._inputs(16)
@@ -524,6 +558,19 @@ class NnxTest(MoeTestBase):
     grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     self.assertGreater(float(jnp.abs(grads.w_gate_up[...]).sum()), 0.0)
     self.assertGreater(float(jnp.abs(grads.router[...]).sum()), 0.0)
+
+  def test_fp8_weights(self):
+    """impl="fp8" with the layer's weights quantised ahead: the products read them (the output follows the
+    layer's own within FP8 rounding, and another layer's weights give another output)."""
+    from flax import nnx
+    from jgmm import nnx as jgmm_nnx
+    layers = [jgmm_nnx.MoEMLP(H, F, E, TOP_K, impl="fp8", rngs=nnx.Rngs(self.seed % 2**31 + i)) for i in range(2)]
+    x = _normal(self.rng, 3, 7, H)
+    ahead = [tuple(jgmm.quantize_weights(w[...]) for w in (layer.w_gate_up, layer.w_down)) for layer in layers]
+    run = nnx.jit(lambda m, x, w: m(x, fp8_weights=w))
+    own, other, plain = run(layers[0], x, ahead[0]), run(layers[0], x, ahead[1]), run(layers[0], x, None)
+    self.assert_close(own, plain, "fp8_weights of the layer's own weights", 0.05)
+    self.assertGreater(float(jnp.max(jnp.abs(other - plain))), 0.1)
 
 
 HAVE_OPTAX = importlib.util.find_spec("optax") is not None

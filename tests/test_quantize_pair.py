@@ -110,11 +110,12 @@ class PortableTest(QuantizePairTestBase):
        r"x must be \(R, C\) or \(G, R, C\) for recipe '128x128', got shape \(5,\)"),
       ("x_dtype", dict(x=jnp.zeros((4, 4), jnp.int32)), TypeError,
        r"x must be bfloat16, float16 or float32, got int32"),
-      ("dtype", dict(dtype=jnp.bfloat16), TypeError, r"dtype must be float8_e4m3fn or float8_e4m3fnuz, got bfloat16"))
+      ("dtype", dict(dtype=jnp.bfloat16), TypeError, r"dtype must be float8_e4m3fn or float8_e4m3fnuz, got bfloat16"),
+      ("backend", dict(backend="cuda"), ValueError, r"backend must be None, 'triton' or 'xla', got 'cuda'"))
   def test_bad_input(self, changes, error, message):
-    args = dict(x=jnp.zeros((4, 4), jnp.bfloat16), recipe="1x128", dtype=jnp.float8_e4m3fn) | changes
+    args = dict(x=jnp.zeros((4, 4), jnp.bfloat16), recipe="1x128", dtype=jnp.float8_e4m3fn, backend=None) | changes
     with self.assertRaisesRegex(error, message):
-      jgmm.quantize_pair(args["x"], args["recipe"], args["dtype"])
+      jgmm.quantize_pair(args["x"], args["recipe"], args["dtype"], backend=args["backend"])
 
 
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
