@@ -182,9 +182,14 @@ def quantize_weights(rhs: jax.Array, *, transpose_rhs: bool = False, fp8_dtype=j
     Fp8Weights of rhs.
   """
   validation.check_quantize_weights(rhs, transpose_rhs, fp8_dtype)
-  q, scale, qt, scale_t = quantize_pair(lax.stop_gradient(rhs), "128x128", fp8_dtype, backend=backend)
-  nk, kn = ((q, scale), (qt, scale_t)) if transpose_rhs else ((qt, scale_t), (q, scale))
-  return Fp8Weights(*nk, *kn, transpose_rhs)
+  return Fp8Weights(*_weight_layouts(lax.stop_gradient(rhs), transpose_rhs, fp8_dtype, backend), transpose_rhs)
+
+
+def _weight_layouts(rhs, transpose_rhs, fp8_dtype, backend):
+  """(nk, nk_scale, kn, kn_scale) of rhs (Fp8Weights' arrays), in one quantize_pair pass: (G, N, K) for the
+  forward (contracting K), (G, K, N) for d lhs (contracting N)."""
+  q, scale, qt, scale_t = quantize_pair(rhs, "128x128", fp8_dtype, backend=backend)
+  return (q, scale, qt, scale_t) if transpose_rhs else (qt, scale_t, q, scale)
 
 
 def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
@@ -212,9 +217,7 @@ def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, weights, s):
   (quantize_pair); the backward's layouts are the residuals (FP8 lhs^T (K, M) instead of lhs)."""
   lhs_q, lhs_scale, lhs_t, lhs_t_scale = quantize_pair(lhs, "1x128", s.fp8_dtype, backend=s.backend)
   if weights is None:
-    rhs_q, rhs_scale, rhs_t, rhs_t_scale = quantize_pair(rhs, "128x128", s.fp8_dtype, backend=s.backend)
-    weights = (rhs_q, rhs_scale, rhs_t, rhs_t_scale) if s.transpose_rhs else (rhs_t, rhs_t_scale, rhs_q, rhs_scale)
-  # (G, N, K) for this product (contracting K), (G, K, N) for dlhs (contracting N).
+    weights = _weight_layouts(rhs, s.transpose_rhs, s.fp8_dtype, s.backend)
   nk, kn = weights[:2], weights[2:]
   out = _gmm_t(lhs_q, lhs_scale, *nk, group_sizes, group_offset, s.out_dtype, s, s.config)
   return out, (lhs_t, lhs_t_scale, *kn, group_sizes, group_offset)

@@ -509,17 +509,14 @@ def check_fp8_weights(weights, weights_type, g, k, n, transpose_rhs, fp8_dtype, 
     raise ValueError(f"{name} was made with transpose_rhs={weights.transpose_rhs}, but the call reads weights with "
                      f"transpose_rhs={transpose_rhs}: make it with "
                      f"quantize_weights(..., transpose_rhs={transpose_rhs})")
-  nb, kb = _cdiv(n, 128), _cdiv(k, 128)
-  for field, layout, shape in (("nk", "(G, N, K)", (g, n, k)), ("kn", "(G, K, N)", (g, k, n))):
-    q = _array(f"{name}.{field}", getattr(weights, field), 3, layout)
+  for field, (a, b), (a_size, b_size) in (("nk", "NK", (n, k)), ("kn", "KN", (k, n))):
+    q = _array(f"{name}.{field}", getattr(weights, field), 3, f"(G, {a}, {b})")
     if q.dtype != fp8_dtype:
       raise TypeError(f"{name}.{field} must have the call's FP8 format {fp8_dtype}, got {_describe(q)}: make it with "
                       f"quantize_weights(..., fp8_dtype=jnp.{fp8_dtype})")
-    _shape(f"{name}.{field}", q, shape, layout)
-  for field, layout, shape in (("nk", "(G, cdiv(N, 128), cdiv(K, 128))", (g, nb, kb)),
-                               ("kn", "(G, cdiv(K, 128), cdiv(N, 128))", (g, kb, nb))):
+    _shape(f"{name}.{field}", q, (g, a_size, b_size), f"(G, {a}, {b})")
     _scale(f"{name}.{field}_scale", getattr(weights, f"{field}_scale"), f"{name}.{field}",
-           [(layout, shape, "128x128 blocks")])
+           [(f"(G, cdiv({a}, 128), cdiv({b}, 128))", (g, _cdiv(a_size, 128), _cdiv(b_size, 128)), "128x128 blocks")])
 
 
 def _fp8_out_dtype(preferred_element_type):
