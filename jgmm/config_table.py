@@ -416,9 +416,10 @@ def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md). dtype: the inputs' numpy dtype name."""
   if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
-    if op == "tgmm_fp8":  # Warp-specialised where the operands are M-contiguous (fp8 tgmm's fast layout).
-      config = Config(block_m=128, block_n=256 if n > 128 else 128, block_k=128, num_warps=8,
-                      num_stages=3 if n > 128 else 4, tma=False, warp_specialized=True)
+    if op == "tgmm_fp8":  # Warp-specialised where the operands are M-contiguous (fp8 tgmm's fast layout), 128
+      # wide: two products in flight per consumer (docs/perf-notes.md "Session 21").
+      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
+                      warp_specialized=True)
     elif op in FP8_WS_OPS:  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
                       warp_specialized=True)

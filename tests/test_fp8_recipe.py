@@ -12,7 +12,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import oracle
+from jgmm import oracle, quantize
 
 CRITERION = 1e-3
 
@@ -55,6 +55,43 @@ class Fp8RecipeTest(parameterized.TestCase):
     out = np.asarray(got[0], np.float32)
     np.testing.assert_array_equal(out[:int(np.sum(sizes[:offset]))], 0.0)  # rows of no computed group
     np.testing.assert_array_equal(out[int(np.sum(sizes[:offset + groups])):], 0.0)
+
+  @parameterized.parameters(dict(m=1600, transpose_rhs=False, aligned=True),
+                            dict(m=1600, transpose_rhs=True, aligned=True),
+                            dict(m=1000, transpose_rhs=False, aligned=False))
+  def test_weight_gradient_blocks(self, m, transpose_rhs, aligned):
+    """drhs multiplies lhs^T and dout^T quantised per 128 rows of M: from each group's first row on (no block spans
+    two groups) where padding the groups to that grid (128 rows at most each) adds at most a quarter to M, on M's
+    global grid elsewhere. Group 0's rows are 1e-5 times the others': a block spanning groups 0 and 2 rounds them
+    to FP8 on group 2's scale. drhs against float64 oracles of both blocks: close to its own, far from the other's
+    at group 0."""
+    k, n, sizes = 160, 136, np.array([100, 0, 700], np.int32)
+    rows = np.arange(m)[:, None]
+    lhs = jnp.where(rows < 100, 1e-5, 1.0) * self.normal((m, k), jnp.float32)
+    rhs = self.normal((3, n, k) if transpose_rhs else (3, k, n), jnp.float32)
+    dout = self.normal((m, n), jnp.float32)
+    fn = lambda l, r: jgmm.fp8_gmm(l, r, jnp.asarray(sizes), transpose_rhs=transpose_rhs, backend=self.backend)
+    _, vjp = jax.vjp(fn, lhs, rhs)
+    drhs = np.asarray(jax.jit(vjp)(dout)[1], np.float64)
+
+    def deq_t(a, first, last):  # rows [first, last) of a, transposed and quantised 1x128 from `first` on.
+      return oracle.dequantize(*quantize.quantize(a[first:last].T, "1x128"), "1x128")
+
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for want_aligned in (True, False):
+      want = np.zeros_like(drhs)
+      for g, (first, last) in enumerate(zip(starts[:-1], starts[1:])):
+        if want_aligned:
+          a, b = deq_t(lhs, first, last), deq_t(dout, first, last)
+        else:
+          a, b = deq_t(lhs, 0, m)[:, first:last], deq_t(dout, 0, m)[:, first:last]
+        want[g] = (b @ a.T) if transpose_rhs else (a @ b.T)
+      error = np.abs(drhs[0] - want[0]).max() / np.abs(want[0]).max()
+      if want_aligned == aligned:
+        self.assertLess(error, 1e-2, f"seed {self.seed}")
+        self.assertLess(np.abs(drhs - want).max() / np.abs(want).max(), 1e-2, f"seed {self.seed}")
+      else:
+        self.assertGreater(error, 0.2, f"seed {self.seed}")
 
   def test_training_follows_bf16(self):
     """Fit a grouped linear map: 30 SGD steps in FP8 and in bf16 from the same start; the losses agree to 5%."""

@@ -16,7 +16,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import backend_xla, ffi, quantize
+from jgmm import backend_xla, ffi, fp8, quantize
 from jgmm.ffi import _compile
 from jgmm.triton_kernels import quantize as quantize_kernels
 
@@ -53,6 +53,30 @@ def kernel_oracle(x, recipe, fmax):
   return (reshape(quantized(scale), x.shape), reshape(out_scale, out_scale.shape),
           reshape(quantized(scale_t).transpose(0, 2, 1), (*x.shape[:-2], c, r)),
           reshape(out_scale_t, out_scale_t.shape))
+
+
+# quantize_pair_grouped's runs of rows (groups, then the rows after them): sizes of the groups and M.
+GROUPED = (dict(sizes=(0, 1, 127, 128, 129, 300), m=1000), dict(sizes=(600, 600), m=1000), dict(sizes=(0, 0), m=130),
+           dict(sizes=(256,), m=256))
+
+
+def segments_of(sizes, m):
+  """(2, len(sizes) + 2) int32: the runs' row bounds (groups clipped to m, then the rows after them) and where each
+  starts once every one is padded to a multiple of 128 rows."""
+  bounds = np.concatenate([[0], np.minimum(np.cumsum(sizes), m), [m]])
+  padded = np.concatenate([[0], np.cumsum(-(-np.diff(bounds) // 128) * 128)])
+  return jnp.asarray(np.stack([bounds, padded]), jnp.int32)
+
+
+def grouped_oracle(x, segments, fmax):
+  """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) in numpy float32, q and qt not yet rounded to FP8: x's
+  runs copied to their padded rows of a zero matrix, whose transpose is quantised 1x128."""
+  x = np.asarray(x, np.float32)
+  bounds, padded = np.asarray(segments)
+  regrouped = np.zeros((128 * (-(-x.shape[0] // 128) + len(bounds) - 2), x.shape[1]), np.float32)
+  for first, last, start in zip(bounds[:-1], bounds[1:], padded):
+    regrouped[start:start + last - first] = x[first:last]
+  return (*kernel_oracle(x, "1x128", fmax)[:2], *kernel_oracle(regrouped, "1x128", fmax)[2:])
 
 
 class QuantizePairTestBase(parameterized.TestCase):
@@ -103,6 +127,25 @@ class PortableTest(QuantizePairTestBase):
     x_sharded = jax.device_put(x, jax.sharding.NamedSharding(jax.make_mesh((8,), ("e",)), P("e")))
     assert_equal(jax.jit(portable)(x_sharded), want(x))
 
+  @parameterized.parameters(*GROUPED)
+  def test_grouped(self, sizes, m):
+    """fp8_gmm's backward's quantize_pair_grouped: q and scale are quantize's; the transpose holds each run of rows
+    from a multiple of 128 on (zeros between and after), each block of one run only, quantised 1x128."""
+    x = self.operand((m, 200))
+    segments = segments_of(sizes, m)
+    got = fp8._quantize_pair_grouped_p(x, segments, dtype=jnp.float8_e4m3fn, backend="xla")
+    want = grouped_oracle(x, segments, 448.0)
+    for k, (a, b, what) in enumerate(zip(got, want, ("q", "scale", "qt", "scale_t"))):
+      b = np.asarray(np.asarray(b).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else b
+      self.assertEqual(a.shape, b.shape, what)
+      # The portable backend divides by the scale, the oracle multiplies by its reciprocal: one FP8 step apart
+      # where they differ at all; XLA's division, a float32 ulp.
+      np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=2**-3 if k % 2 == 0 else 2**-22,
+                                 atol=2**-9 if k % 2 == 0 else 0, err_msg=f"{what}, seed {self.seed}")
+    q, scale = quantize.quantize(x, "1x128")
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(q, np.float32))
+    np.testing.assert_array_equal(got[1], scale)
+
   @parameterized.named_parameters(
       ("recipe", dict(recipe="128x1"), ValueError, r"recipe must be '1x128' or '128x128', got '128x1'"),
       ("rank_1x128", dict(x=jnp.zeros((2, 3, 4))), ValueError, r"x must be \(R, C\) for recipe '1x128', got shape"),
@@ -144,6 +187,23 @@ class InterpretedTest(QuantizePairTestBase):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
+  @parameterized.parameters(*GROUPED)
+  def test_grouped_kernel(self, sizes, m):
+    """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit."""
+    x = self.operand((m, 260))
+    segments = segments_of(sizes, m)
+    padded_blocks = -(-m // 128) + segments.shape[1] - 2
+    out_shape = [jax.ShapeDtypeStruct((m, 260), jnp.float32), jax.ShapeDtypeStruct((m, 3), jnp.float32),
+                 jax.ShapeDtypeStruct((260, 128 * padded_blocks), jnp.float32),
+                 jax.ShapeDtypeStruct((260, padded_blocks), jnp.float32)]
+    got = jax.jit(lambda x, segments: ffi.triton_call(
+        x, segments, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
+        grid=(padded_blocks, 3), num_warps=quantize_kernels.NUM_WARPS, R=m, C=260, SEGMENTS=segments.shape[1] - 1,
+        SEGMENTS_POW2=8, RP=128 * padded_blocks, FMAX=448.0))(x, segments)
+    for a, b, what in zip(got, grouped_oracle(x, segments, 448.0), ("q", "scale", "qt", "scale_t")):
+      np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
+
+
 class CrossLoweringTest(parameterized.TestCase):
 
   @parameterized.product(CASES, dtype=(jnp.bfloat16, jnp.float16, jnp.float32))
@@ -157,6 +217,23 @@ class CrossLoweringTest(parameterized.TestCase):
     self.assertEqual("triton_kernel_call" in text, kernel)
     self.assertEqual([c.args[0].__name__ for c in compile_kernel.call_args_list],
                      ["quantize_pair_kernel"] if kernel else [])
+
+
+  @parameterized.parameters((32768, 32, True), (4096, 32, False))
+  def test_recipe_on_cuda(self, m, groups, grouped):
+    """fp8_gmm's gradient quantises lhs and dout with each group padded to the 128-row grid (the grouped kernel)
+    where that adds at most a quarter to M (M >= 512 rows a group), on M's grid (quantize_pair_kernel) elsewhere;
+    its weight gradient runs the warp-specialised FP8 tgmm either way."""
+    s = jax.ShapeDtypeStruct
+    grad = jax.grad(lambda x, w, sizes: jgmm.fp8_gmm(x, w, sizes).astype(jnp.float32).sum(), (0, 1))
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      jax.jit(grad).trace(s((m, 256), jnp.bfloat16), s((groups, 256, 384), jnp.bfloat16),
+                          s((groups,), jnp.int32)).lower(lowering_platforms=("cuda",))
+    kernels = [(c.args[0].__name__, c.args[2].get("ROWWISE")) for c in compile_kernel.call_args_list]
+    self.assertIn(("tgmm_fp8_ws_kernel", None), kernels)
+    self.assertEqual(("quantize_pair_grouped_kernel", None) in kernels, grouped)
+    self.assertEqual(("quantize_pair_kernel", True) in kernels, not grouped)  # 1x128 (the weights' are 128x128)
 
 
 @absltest.skipIf(not ON_GPU, "needs a GPU")
@@ -183,6 +260,20 @@ class GpuTest(QuantizePairTestBase):
                                  err_msg=f"{what} against the portable backend, seed {self.seed}")
       if k % 2 == 0:
         self.assertLess(np.mean(a != near), 0.01, f"{what}: too many differ from the portable backend")
+
+  @parameterized.parameters(*GROUPED, dict(sizes=(1000, 0, 3000, 5, 123), m=8192))
+  def test_grouped_kernel(self, sizes, m):
+    x = self.operand((m, 7168 if m == 8192 else 260))
+    segments = segments_of(sizes, m)
+    got = jax.jit(lambda x, s: fp8._quantize_pair_grouped_p(x, s, dtype=jnp.float8_e4m3fn, backend="triton"))(
+        x, segments)
+    portable = fp8._quantize_pair_grouped_p(x, segments, dtype=jnp.float8_e4m3fn, backend="xla")
+    oracle = grouped_oracle(x, segments, 448.0)
+    for k, (a, want, near, what) in enumerate(zip(got, oracle, portable, ("q", "scale", "qt", "scale_t"))):
+      self.assertEqual((a.shape, a.dtype), (near.shape, near.dtype), what)
+      a = np.asarray(a, np.float32)
+      want = np.asarray(np.asarray(want).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else want
+      np.testing.assert_array_equal(a, want, err_msg=f"{what} against the oracle, seed {self.seed}")
 
   def test_vmap(self):
     """The kernel under vmap: each element of the batch quantised as the kernel quantises it alone, bit for bit."""

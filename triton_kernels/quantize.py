@@ -1,4 +1,5 @@
-"""quantize_pair_kernel: an operand quantised to FP8 in two layouts, itself and its transpose, in one pass.
+"""quantize_pair_kernel: an operand quantised to FP8 in two layouts, itself and its transpose, in one pass;
+quantize_pair_grouped_kernel: the same for the rows of groups, the transpose's 1x128 blocks aligned to each group.
 
 x (G, R, C) (G = 1 for a matrix) is read once, a 128 x 128 tile per program (grid (cdiv(R, 128), cdiv(C, 128), G)),
 and written as q (G, R, C) and qt (G, C, R), FP8, with float32 scales amax / FMAX (1 where a block is all zeros,
@@ -65,3 +66,41 @@ def quantize_pair_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C
   tl.store(q_ptr + tile + offsets, q, mask=mask)
   offsets_t = local.to(OFFSET)[:, None] * R + local[None, :]  # [c, r] of the transposed tile.
   tl.store(qt_ptr + tile_t + offsets_t, tl.trans(qt), mask=tl.trans(mask))
+
+
+@triton.jit
+def quantize_pair_grouped_kernel(x_ptr, segments_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C: tl.constexpr,
+                                 SEGMENTS: tl.constexpr, SEGMENTS_POW2: tl.constexpr, RP: tl.constexpr,
+                                 FMAX: tl.constexpr):
+  """x (R, C) in SEGMENTS runs of rows (the groups, then the rows after them), segments (2, SEGMENTS + 1) int32:
+  their row bounds, then where each starts once each is padded to a multiple of 128 rows. 1x128 blocks: q (R, C)
+  with s (R, CB), as quantize_pair_kernel's; qt (C, RP) with st (C, RP // 128): run i's rows are qt's columns from
+  padded[i] on, zeros after them to the next multiple of 128 (and past the last run), so that no 128-row block of
+  qt holds rows of two groups. SEGMENTS_POW2: a power of two > SEGMENTS. One program per 128 columns of qt (a padded block) and 128 columns of x: grid
+  (RP // 128, CB); a block past every run writes zeros and scales 1. Rows of x outside the runs' bounds are neither
+  read nor written."""
+  CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
+  pb, cb = tl.program_id(0), tl.program_id(1)
+  local = tl.arange(0, BLOCK)
+  # The run holding padded block pb: the last whose padded start is at most pb * 128 (SEGMENTS: past every run).
+  edges = tl.arange(0, SEGMENTS_POW2)
+  padded = tl.load(segments_ptr + SEGMENTS + 1 + edges, mask=edges <= SEGMENTS, other=RP)
+  run = tl.sum((padded <= pb * BLOCK).to(tl.int32)) - 1
+  inside = run < SEGMENTS
+  run = tl.minimum(run, SEGMENTS - 1)
+  end = tl.load(segments_ptr + run + 1)
+  first = tl.load(segments_ptr + run) + pb * BLOCK - tl.load(segments_ptr + SEGMENTS + 1 + run)
+  rows = first + local
+  cols = cb * BLOCK + local
+  valid = (rows < end) & inside
+  mask = valid[:, None] & (cols < C)[None, :]
+  x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+  scale = _scale(tl.max(tl.abs(x), axis=1), FMAX)
+  scale_t = _scale(tl.max(tl.abs(x), axis=0), FMAX)
+  tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
+  tl.store(st_ptr + cols.to(tl.int64) * (RP // BLOCK) + pb, scale_t, mask=cols < C)
+  dtype = q_ptr.dtype.element_ty
+  tl.store(q_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], _quantize(x, scale[:, None], dtype, FMAX),
+           mask=mask)
+  qt = tl.trans(_quantize(x, scale_t[None, :], dtype, FMAX))  # [c, r]
+  tl.store(qt_ptr + cols.to(tl.int64)[:, None] * RP + pb * BLOCK + local[None, :], qt, mask=(cols < C)[:, None])

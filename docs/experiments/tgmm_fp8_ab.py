@@ -5,7 +5,8 @@ python docs/experiments/tgmm_fp8_ab.py sass|time|ncu KERNEL,...
     KERNEL: tree (triton_kernels/tgmm_fp8_ws.py) or the name of a copy docs/experiments/tgmm_fp8_ws_KERNEL.py,
     optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
-    output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them; ncu (GPU): each
+    output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them (ALIGNED=1: on
+    fp8_gmm's backward's operands, each group padded to the 128-row grid); ncu (GPU): each
     kernel once per case after a warm-up, between cudaProfilerStart/Stop, for `ncu --profile-from-start off`
     (docs/experiments/tgmm_fp8_ncu.sh).
 """
@@ -25,7 +26,7 @@ import numpy as np
 import triton
 
 import jgmm
-from jgmm import backend_triton, bench, oracle, quantize, timing
+from jgmm import backend_triton, bench, fp8, oracle, quantize, timing
 from jgmm.config import Config
 from jgmm.ffi import _compile
 from jgmm.triton_kernels import tgmm_fp8_ws
@@ -87,6 +88,10 @@ if __name__ == "__main__":
     inp = bench.Inputs(m, k, n, g)
     q = jax.jit(lambda a: quantize.quantize(a.T, "1x128"))
     args = (*q(inp.x), *q(inp.dout), inp.group_sizes)
+    if os.environ.get("ALIGNED"):  # fp8_gmm's backward's operands: each group padded to the 128-row grid.
+      segments, padded_sizes = fp8._padded_groups(inp.group_sizes, m)
+      q = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, segments, dtype=jnp.float8_e4m3fn, backend=None)[2:])
+      args = (*q(inp.x), *q(inp.dout), padded_sizes)
     fns = {label: compiled(module, args, config_of(label)) for label, module in modules.items()}
     if sys.argv[1] == "ncu":
       for f in fns.values():
