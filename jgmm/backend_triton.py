@@ -540,25 +540,23 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
       TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None))
 
 
-def quantize_pair_grouped(x, segments, *, dtype):
+def quantize_pair_grouped(x, blocks, *, dtype):
   """backend_xla.quantize_pair_grouped in one pass over x (quantize_pair_grouped_kernel), where the FP8 format has a
   Triton kernel on this device; an empty x through backend_xla."""
   dtype = jnp.dtype(dtype)
   check_fp8_format(dtype, _device())
   if x.size == 0:
-    return backend_xla.quantize_pair_grouped(x, segments, dtype=dtype)
+    return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
   r, c = x.shape
-  block = quantize_kernels.BLOCK.value
-  runs = segments.shape[1] - 1
-  padded_blocks = geometry.cdiv(r, block) + runs - 1
+  block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
   cb = geometry.cdiv(c, block)
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
                jax.ShapeDtypeStruct((c, padded_blocks * block), dtype),
                jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
   return tuple(ffi.triton_call(
-      x, segments, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
-      grid=(padded_blocks, cb), num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", R=r, C=c,
-      SEGMENTS=runs, SEGMENTS_POW2=geometry.next_pow2(runs + 1), RP=padded_blocks * block,
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
+      num_warps=quantize_kernels.NUM_WARPS, maxnreg=quantize_kernels.MAXNREG, name="jgmm_quantize_pair_grouped",
+      R=r, C=c, PB=padded_blocks,
       FMAX=quantize.FP8_MAX[dtype]))
 
 
@@ -581,5 +579,5 @@ def quantize_pair(x, *, recipe, dtype):
                jax.ShapeDtypeStruct((c, rb) if rowwise else (*batch, cb, rb), jnp.float32)]
   return tuple(ffi.triton_call(
       x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, g),
-      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair", R=r, C=c, FMAX=quantize.FP8_MAX[dtype],
-      ROWWISE=rowwise))
+      num_warps=quantize_kernels.NUM_WARPS, maxnreg=quantize_kernels.MAXNREG, name="jgmm_quantize_pair", R=r, C=c,
+      FMAX=quantize.FP8_MAX[dtype], ROWWISE=rowwise))

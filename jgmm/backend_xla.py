@@ -206,16 +206,14 @@ def quantize_pair(x, *, recipe, dtype):
   return (q, scale, *quantize.quantize(jnp.swapaxes(x, -1, -2), recipe, dtype))
 
 
-def quantize_pair_grouped(x, segments, *, dtype):
-  """(q, scale, qt, scale_t): x (R, C) quantised 1x128 (jgmm.quantize), and its rows regrouped and transposed: the
-  rows of run i (segments (2, SEGMENTS + 1) int32: the runs' row bounds, then their starts once each is padded to a
-  multiple of 128 rows) from column padded[i] of qt (C, RP) on, zeros elsewhere, quantised 1x128 (a block never
-  holds rows of two runs). RP = 128 * (cdiv(R, 128) + SEGMENTS - 1), the most the padded runs can take."""
-  r = x.shape[0]
-  bounds, padded = segments[0], segments[1]
-  column = jnp.arange(128 * (-(-r // 128) + segments.shape[1] - 2))
-  run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, segments.shape[1] - 2)
-  row = bounds[run] + column - padded[run]
-  source = x[jnp.clip(row, 0, r - 1)] if r else jnp.zeros((column.shape[0], x.shape[1]), x.dtype)
-  regrouped = jnp.where(((row < bounds[run + 1]) & (column < padded[-1]))[:, None], source, 0)
+def quantize_pair_grouped(x, blocks, *, dtype):
+  """(q, scale, qt, scale_t): x (R, C) quantised 1x128 (jgmm.quantize), and its rows regrouped into PB blocks of
+  128 and transposed: qt (C, 128 PB) holds block b's rows (blocks (2, PB) int32: rows [first[b], min(first[b] + 128,
+  end[b])), none where first[b] >= end[b]) in columns [128 b, 128 b + 128), zeros past them, quantised 1x128."""
+  first, end = blocks
+  rows = first[:, None] + jnp.arange(128)
+  valid = (rows < end[:, None]).reshape(-1)
+  source = x[jnp.clip(rows.reshape(-1), 0, x.shape[0] - 1)] if x.shape[0] else jnp.zeros((valid.shape[0], x.shape[1]),
+                                                                                          x.dtype)
+  regrouped = jnp.where(valid[:, None], source, 0)
   return (*quantize.quantize(x, "1x128", dtype), *quantize.quantize(regrouped.T, "1x128", dtype))

@@ -69,9 +69,9 @@ def _quantize_pair_shapes(x, *, recipe, dtype):
           jax.core.ShapedArray((*batch, c, r), dtype), jax.core.ShapedArray(scales[1], jnp.float32)]
 
 
-def _quantize_pair_grouped_shapes(x, segments, *, dtype):
+def _quantize_pair_grouped_shapes(x, blocks, *, dtype):
   r, c = x.shape
-  padded_blocks = -(-r // 128) + segments.shape[1] - 2  # Each run but the last adds at most one partial block.
+  padded_blocks = blocks.shape[1]
   return [jax.core.ShapedArray(x.shape, dtype), jax.core.ShapedArray((r, -(-c // 128)), jnp.float32),
           jax.core.ShapedArray((c, 128 * padded_blocks), dtype), jax.core.ShapedArray((c, padded_blocks), jnp.float32)]
 
@@ -209,17 +209,22 @@ _MAX_PADDING = 0.25
 
 
 def _padded_groups(group_sizes, m):
-  """(segments, padded sizes) for the weight gradient's operands, or None where padding them costs too much:
-  segments (2, G + 2) int32, the row bounds of the G groups (clipped to m) and of the rows after them, then where
-  each starts once padded to a multiple of 128 rows (backend_*.quantize_pair_grouped's argument); padded sizes
-  (G,) int32, the groups' rows so padded (the tgmm's group_sizes)."""
+  """(blocks, padded sizes) for the weight gradient's operands, or None where padding them costs too much: the G
+  groups (clipped to m) and then the rows after them, each padded to a multiple of 128 rows, as blocks (2, cdiv(m,
+  128) + G) int32 of 128 rows (the first row and the end of its group: backend_*.quantize_pair_grouped's argument;
+  each group but the last adds at most one partial block); padded sizes (G,) int32, the groups' rows so padded (the
+  tgmm's group_sizes)."""
   num_groups = group_sizes.shape[0]
   if 128 * num_groups > _MAX_PADDING * m:
     return None
   edges = jnp.concatenate([ops.group_bounds(group_sizes, None, num_groups, m), jnp.full((1,), m, jnp.int32)])
   padded_sizes = -(-(edges[1:] - edges[:-1]) // 128) * 128
   padded = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(padded_sizes, dtype=jnp.int32)])
-  return jnp.stack([edges, padded]), padded_sizes[:num_groups]
+  column = 128 * jnp.arange(-(-m // 128) + num_groups, dtype=jnp.int32)  # Each block's first padded row.
+  run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, num_groups)
+  used = column < padded[-1]  # Blocks past the padded rows hold none: (0, 0).
+  blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0)])
+  return blocks, padded_sizes[:num_groups]
 
 
 def _quantize_rows(x, padding, s):

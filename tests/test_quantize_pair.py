@@ -55,27 +55,32 @@ def kernel_oracle(x, recipe, fmax):
           reshape(out_scale_t, out_scale_t.shape))
 
 
-# quantize_pair_grouped's runs of rows (groups, then the rows after them): sizes of the groups and M.
+# fp8_gmm's backward's grouped quantisation: sizes of the groups (then the rows after them) and M.
 GROUPED = (dict(sizes=(0, 1, 127, 128, 129, 300), m=1000), dict(sizes=(600, 600), m=1000), dict(sizes=(0, 0), m=130),
            dict(sizes=(256,), m=256))
 
 
-def segments_of(sizes, m):
-  """(2, len(sizes) + 2) int32: the runs' row bounds (groups clipped to m, then the rows after them) and where each
-  starts once every one is padded to a multiple of 128 rows."""
+def blocks_of(sizes, m):
+  """quantize_pair_grouped's blocks (2, cdiv(m, 128) + len(sizes)) int32 of runs of rows (the groups clipped to m,
+  then the rows after them) each padded to a multiple of 128 rows: each block's first row and its run's end."""
   bounds = np.concatenate([[0], np.minimum(np.cumsum(sizes), m), [m]])
-  padded = np.concatenate([[0], np.cumsum(-(-np.diff(bounds) // 128) * 128)])
-  return jnp.asarray(np.stack([bounds, padded]), jnp.int32)
+  first, end = [], []
+  for start, stop in zip(bounds[:-1], bounds[1:]):
+    first += list(range(start, stop, 128))
+    end += [stop] * len(range(start, stop, 128))
+  pad = -(-m // 128) + len(sizes) - len(first)
+  return jnp.asarray([first + [0] * pad, end + [0] * pad], jnp.int32)
 
 
-def grouped_oracle(x, segments, fmax):
-  """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) in numpy float32, q and qt not yet rounded to FP8: x's
-  runs copied to their padded rows of a zero matrix, whose transpose is quantised 1x128."""
+def grouped_oracle(x, blocks, fmax):
+  """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) in numpy float32, q and qt not yet rounded to FP8: each
+  block's rows copied to its 128 rows of a zero matrix, whose transpose is quantised 1x128."""
   x = np.asarray(x, np.float32)
-  bounds, padded = np.asarray(segments)
-  regrouped = np.zeros((128 * (-(-x.shape[0] // 128) + len(bounds) - 2), x.shape[1]), np.float32)
-  for first, last, start in zip(bounds[:-1], bounds[1:], padded):
-    regrouped[start:start + last - first] = x[first:last]
+  first, end = np.asarray(blocks)
+  regrouped = np.zeros((128 * len(first), x.shape[1]), np.float32)
+  for b, (start, stop) in enumerate(zip(first, end)):
+    rows = x[start:min(stop, start + 128)]
+    regrouped[128 * b:128 * b + len(rows)] = rows
   return (*kernel_oracle(x, "1x128", fmax)[:2], *kernel_oracle(regrouped, "1x128", fmax)[2:])
 
 
@@ -132,9 +137,9 @@ class PortableTest(QuantizePairTestBase):
     """fp8_gmm's backward's quantize_pair_grouped: q and scale are quantize's; the transpose holds each run of rows
     from a multiple of 128 on (zeros between and after), each block of one run only, quantised 1x128."""
     x = self.operand((m, 200))
-    segments = segments_of(sizes, m)
-    got = fp8._quantize_pair_grouped_p(x, segments, dtype=jnp.float8_e4m3fn, backend="xla")
-    want = grouped_oracle(x, segments, 448.0)
+    blocks = blocks_of(sizes, m)
+    got = fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla")
+    want = grouped_oracle(x, blocks, 448.0)
     for k, (a, b, what) in enumerate(zip(got, want, ("q", "scale", "qt", "scale_t"))):
       b = np.asarray(np.asarray(b).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else b
       self.assertEqual(a.shape, b.shape, what)
@@ -145,6 +150,20 @@ class PortableTest(QuantizePairTestBase):
     q, scale = quantize.quantize(x, "1x128")
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(q, np.float32))
     np.testing.assert_array_equal(got[1], scale)
+
+  @parameterized.parameters(dict(sizes=(0, 1, 127, 128, 129, 300), m=3072), dict(sizes=(600, 600), m=1000),
+                            dict(sizes=(0, 0, 0), m=768), dict(sizes=(2**30, 7, -5), m=1536),
+                            dict(sizes=(0, 1, 127, 128, 129, 300), m=3071))
+  def test_padded_groups(self, sizes, m):
+    """fp8_gmm pads its groups where that adds at most M / 4 rows (M >= 512 G): the blocks of each group's rows (the
+    rows after them too) and the padded sizes; huge or negative sizes are clipped as gmm clips them."""
+    padding = fp8._padded_groups(jnp.asarray(sizes, jnp.int32), m)
+    if m < 512 * len(sizes):
+      self.assertIsNone(padding)
+      return
+    clipped = np.diff(np.concatenate([[0], np.minimum(np.cumsum(np.maximum(sizes, 0)), m)]))
+    np.testing.assert_array_equal(padding[0], blocks_of(clipped, m))
+    np.testing.assert_array_equal(padding[1], -(-clipped // 128) * 128)
 
   @parameterized.named_parameters(
       ("recipe", dict(recipe="128x1"), ValueError, r"recipe must be '1x128' or '128x128', got '128x1'"),
@@ -191,16 +210,16 @@ class InterpretedTest(QuantizePairTestBase):
   def test_grouped_kernel(self, sizes, m):
     """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit."""
     x = self.operand((m, 260))
-    segments = segments_of(sizes, m)
-    padded_blocks = -(-m // 128) + segments.shape[1] - 2
+    blocks = blocks_of(sizes, m)
+    padded_blocks = blocks.shape[1]
     out_shape = [jax.ShapeDtypeStruct((m, 260), jnp.float32), jax.ShapeDtypeStruct((m, 3), jnp.float32),
                  jax.ShapeDtypeStruct((260, 128 * padded_blocks), jnp.float32),
                  jax.ShapeDtypeStruct((260, padded_blocks), jnp.float32)]
-    got = jax.jit(lambda x, segments: ffi.triton_call(
-        x, segments, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
-        grid=(padded_blocks, 3), num_warps=quantize_kernels.NUM_WARPS, R=m, C=260, SEGMENTS=segments.shape[1] - 1,
-        SEGMENTS_POW2=8, RP=128 * padded_blocks, FMAX=448.0))(x, segments)
-    for a, b, what in zip(got, grouped_oracle(x, segments, 448.0), ("q", "scale", "qt", "scale_t")):
+    got = jax.jit(lambda x, blocks: ffi.triton_call(
+        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
+        grid=(padded_blocks, 3), num_warps=quantize_kernels.NUM_WARPS, R=m, C=260, PB=padded_blocks,
+        FMAX=448.0))(x, blocks)
+    for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
@@ -264,11 +283,11 @@ class GpuTest(QuantizePairTestBase):
   @parameterized.parameters(*GROUPED, dict(sizes=(1000, 0, 3000, 5, 123), m=8192))
   def test_grouped_kernel(self, sizes, m):
     x = self.operand((m, 7168 if m == 8192 else 260))
-    segments = segments_of(sizes, m)
-    got = jax.jit(lambda x, s: fp8._quantize_pair_grouped_p(x, s, dtype=jnp.float8_e4m3fn, backend="triton"))(
-        x, segments)
-    portable = fp8._quantize_pair_grouped_p(x, segments, dtype=jnp.float8_e4m3fn, backend="xla")
-    oracle = grouped_oracle(x, segments, 448.0)
+    blocks = blocks_of(sizes, m)
+    got = jax.jit(lambda x, b: fp8._quantize_pair_grouped_p(x, b, dtype=jnp.float8_e4m3fn, backend="triton"))(
+        x, blocks)
+    portable = fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla")
+    oracle = grouped_oracle(x, blocks, 448.0)
     for k, (a, want, near, what) in enumerate(zip(got, oracle, portable, ("q", "scale", "qt", "scale_t"))):
       self.assertEqual((a.shape, a.dtype), (near.shape, near.dtype), what)
       a = np.asarray(a, np.float32)

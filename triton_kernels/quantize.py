@@ -1,5 +1,6 @@
 """quantize_pair_kernel: an operand quantised to FP8 in two layouts, itself and its transpose, in one pass;
-quantize_pair_grouped_kernel: the same for the rows of groups, the transpose's 1x128 blocks aligned to each group.
+quantize_pair_grouped_kernel: the same with x's rows regrouped in the transpose, so that its 1x128 blocks start at
+each group's first row.
 
 x (G, R, C) (G = 1 for a matrix) is read once, a 128 x 128 tile per program (grid (cdiv(R, 128), cdiv(C, 128), G)),
 and written as q (G, R, C) and qt (G, C, R), FP8, with float32 scales amax / FMAX (1 where a block is all zeros,
@@ -20,6 +21,7 @@ import triton.language as tl
 
 BLOCK = tl.constexpr(128)
 NUM_WARPS = 4  # Measured faster than 8 and 16 (H100): more programs per SM overlap their loads and stores.
+MAXNREG = None  # Registers per thread (None: ptxas's choice, ~224: two programs per SM).
 
 
 @triton.jit
@@ -69,38 +71,35 @@ def quantize_pair_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C
 
 
 @triton.jit
-def quantize_pair_grouped_kernel(x_ptr, segments_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C: tl.constexpr,
-                                 SEGMENTS: tl.constexpr, SEGMENTS_POW2: tl.constexpr, RP: tl.constexpr,
-                                 FMAX: tl.constexpr):
-  """x (R, C) in SEGMENTS runs of rows (the groups, then the rows after them), segments (2, SEGMENTS + 1) int32:
-  their row bounds, then where each starts once each is padded to a multiple of 128 rows. 1x128 blocks: q (R, C)
-  with s (R, CB), as quantize_pair_kernel's; qt (C, RP) with st (C, RP // 128): run i's rows are qt's columns from
-  padded[i] on, zeros after them to the next multiple of 128 (and past the last run), so that no 128-row block of
-  qt holds rows of two groups. SEGMENTS_POW2: a power of two > SEGMENTS. One program per 128 columns of qt (a padded block) and 128 columns of x: grid
-  (RP // 128, CB); a block past every run writes zeros and scales 1. Rows of x outside the runs' bounds are neither
-  read nor written."""
+def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C: tl.constexpr,
+                                 PB: tl.constexpr, FMAX: tl.constexpr):
+  """x (R, C) with its rows regrouped into PB blocks of 128 (blocks (2, PB) int32: block b holds rows [first[b],
+  min(first[b] + 128, end[b])), none where first[b] >= end[b]; fp8_gmm's backward gives each group's rows from a
+  block of its own on, so that no block holds rows of two groups). 1x128 blocks: q (R, C) with s (R, CB), as
+  quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB) with st (C, PB): block b's rows as
+  qt's columns [128 b, 128 b + 128), zeros past its rows. One program per block and 128 columns of x: grid (PB, CB).
+  Rows of x in no block are neither read nor written."""
   CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
+  RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
   local = tl.arange(0, BLOCK)
-  # The run holding padded block pb: the last whose padded start is at most pb * 128 (SEGMENTS: past every run).
-  edges = tl.arange(0, SEGMENTS_POW2)
-  padded = tl.load(segments_ptr + SEGMENTS + 1 + edges, mask=edges <= SEGMENTS, other=RP)
-  run = tl.sum((padded <= pb * BLOCK).to(tl.int32)) - 1
-  inside = run < SEGMENTS
-  run = tl.minimum(run, SEGMENTS - 1)
-  end = tl.load(segments_ptr + run + 1)
-  first = tl.load(segments_ptr + run) + pb * BLOCK - tl.load(segments_ptr + SEGMENTS + 1 + run)
+  first = tl.load(blocks_ptr + pb)
   rows = first + local
   cols = cb * BLOCK + local
-  valid = (rows < end) & inside
+  valid = rows < tl.load(blocks_ptr + PB + pb)
   mask = valid[:, None] & (cols < C)[None, :]
-  x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+  # 64-bit bases per tile, offsets within it in OFFSET (64-bit pointers per element cost twice the registers).
+  OFFSET: tl.constexpr = tl.int64 if BLOCK * max(C, RP) >= 2**31 else tl.int32
+  tile = first.to(tl.int64) * C + cb * BLOCK
+  offsets = local.to(OFFSET)[:, None] * C + local[None, :]
+  x = tl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(tl.float32)
   scale = _scale(tl.max(tl.abs(x), axis=1), FMAX)
   scale_t = _scale(tl.max(tl.abs(x), axis=0), FMAX)
   tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
-  tl.store(st_ptr + cols.to(tl.int64) * (RP // BLOCK) + pb, scale_t, mask=cols < C)
+  tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
   dtype = q_ptr.dtype.element_ty
-  tl.store(q_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], _quantize(x, scale[:, None], dtype, FMAX),
-           mask=mask)
+  tl.store(q_ptr + tile + offsets, _quantize(x, scale[:, None], dtype, FMAX), mask=mask)
   qt = tl.trans(_quantize(x, scale_t[None, :], dtype, FMAX))  # [c, r]
-  tl.store(qt_ptr + cols.to(tl.int64)[:, None] * RP + pb * BLOCK + local[None, :], qt, mask=(cols < C)[:, None])
+  tile_t = cb.to(tl.int64) * BLOCK * RP + pb * BLOCK
+  offsets_t = local.to(OFFSET)[:, None] * RP + local[None, :]
+  tl.store(qt_ptr + tile_t + offsets_t, qt, mask=(cols < C)[:, None])

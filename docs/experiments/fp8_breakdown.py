@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 import jgmm
-from jgmm import bench, bench_hetero, quantize, timing
+from jgmm import bench, bench_hetero, fp8, quantize, timing
 from jgmm.config import Config
 
 
@@ -46,6 +46,10 @@ def recipe(name, m, k, n, g):
   tgmm = jax.jit(lambda a, b, gs: jgmm.tgmm(a, b, gs, transpose_lhs=True))
   wt_copy = jax.jit(lambda b: jnp.swapaxes(b, 1, 2) + 0)
   pair_rows, pair_blocks = (jax.jit(lambda a, r=r: jgmm.quantize_pair(a, r)) for r in ("1x128", "128x128"))
+  blocks, padded_sizes = fp8._padded_groups(gs, m)  # fp8_gmm's backward's group-aligned transposes.
+  pair_grouped = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, blocks, dtype=jnp.float8_e4m3fn, backend=None))
+  _, _, xpt, xpts = pair_grouped(x)
+  _, _, dpt, dpts = pair_grouped(dout)
   fb = lambda fn: jax.jit(jax.value_and_grad(lambda x, w, gs, d: bench._loss(fn(x, w, gs), d), argnums=(0, 1)))
   fp8_fb, bf16_fb = fb(jgmm.fp8_gmm), fb(jgmm.gmm)
   s = timing.jax_sync
@@ -62,10 +66,13 @@ def recipe(name, m, k, n, g):
       "quantize_pair x 1x128": (lambda: pair_rows(x), s),
       "quantize_pair dout 1x128": (lambda: pair_rows(dout), s),
       "quantize_pair w 128x128": (lambda: pair_blocks(w), s),
+      "quantize_pair_grouped x": (lambda: pair_grouped(x), s),
+      "quantize_pair_grouped dout": (lambda: pair_grouped(dout), s),
       "fwd gmm_t fp8": (lambda: gmm_fp8(xq, xs, wq, ws, gs), s),
       "dlhs gmm fp8 (+swapaxes)": (lambda: dlhs_fp8(dq, ds, wq, ws, gs), s),
       "drhs tgmm fp8 (M,K)x(M,N)": (lambda: tgmm_fp8(xt, xts, dt, dts, gs), s),
       "drhs tgmm fp8 (K,M)x(N,M)": (lambda: tgmm_fp8_km(xtt, xtts, dtt, dtts, gs), s),
+      "drhs tgmm fp8 padded groups": (lambda: tgmm_fp8_km(xpt, xpts, dpt, dpts, padded_sizes), s),
       "fwd gmm bf16": (lambda: gmm(x, w, gs), s),
       "dlhs gmm_t bf16": (lambda: gmm_t(dout, w, gs), s),
       "drhs tgmm bf16": (lambda: tgmm(x, dout, gs), s),

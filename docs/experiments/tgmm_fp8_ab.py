@@ -89,8 +89,8 @@ if __name__ == "__main__":
     q = jax.jit(lambda a: quantize.quantize(a.T, "1x128"))
     args = (*q(inp.x), *q(inp.dout), inp.group_sizes)
     if os.environ.get("ALIGNED"):  # fp8_gmm's backward's operands: each group padded to the 128-row grid.
-      segments, padded_sizes = fp8._padded_groups(inp.group_sizes, m)
-      q = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, segments, dtype=jnp.float8_e4m3fn, backend=None)[2:])
+      blocks, padded_sizes = fp8._padded_groups(inp.group_sizes, m)
+      q = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, blocks, dtype=jnp.float8_e4m3fn, backend=None)[2:])
       args = (*q(inp.x), *q(inp.dout), padded_sizes)
     fns = {label: compiled(module, args, config_of(label)) for label, module in modules.items()}
     if sys.argv[1] == "ncu":
