@@ -555,8 +555,7 @@ def quantize_pair_grouped(x, blocks, *, dtype):
                jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
   return tuple(ffi.triton_call(
       x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-      num_warps=quantize_kernels.NUM_WARPS, maxnreg=quantize_kernels.MAXNREG, name="jgmm_quantize_pair_grouped",
-      R=r, C=c, PB=padded_blocks,
+      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks,
       FMAX=quantize.FP8_MAX[dtype]))
 
 
@@ -579,5 +578,5 @@ def quantize_pair(x, *, recipe, dtype):
                jax.ShapeDtypeStruct((c, rb) if rowwise else (*batch, cb, rb), jnp.float32)]
   return tuple(ffi.triton_call(
       x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, g),
-      num_warps=quantize_kernels.NUM_WARPS, maxnreg=quantize_kernels.MAXNREG, name="jgmm_quantize_pair", R=r, C=c,
-      FMAX=quantize.FP8_MAX[dtype], ROWWISE=rowwise))
+      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair", R=r, C=c, FMAX=quantize.FP8_MAX[dtype],
+      ROWWISE=rowwise))

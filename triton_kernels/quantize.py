@@ -21,7 +21,6 @@ import triton.language as tl
 
 BLOCK = tl.constexpr(128)
 NUM_WARPS = 4  # Measured faster than 8 and 16 (H100): more programs per SM overlap their loads and stores.
-MAXNREG = None  # Registers per thread (None: ptxas's choice, ~224: two programs per SM).
 
 
 @triton.jit
