@@ -542,7 +542,8 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
 
 def quantize_pair_grouped(x, blocks, *, dtype):
   """backend_xla.quantize_pair_grouped in one pass over x (quantize_pair_grouped_kernel), where the FP8 format has a
-  Triton kernel on this device; an empty x through backend_xla."""
+  Triton kernel on this device (an FP8 value may differ by one step: quantize_pair says why); an empty x through
+  backend_xla. Rows of x in no block are left unwritten in q and scale (fp8_gmm's blocks hold every row)."""
   dtype = jnp.dtype(dtype)
   check_fp8_format(dtype, _device())
   if x.size == 0:

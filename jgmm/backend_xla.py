@@ -209,10 +209,11 @@ def quantize_pair(x, *, recipe, dtype):
 def quantize_pair_grouped(x, blocks, *, dtype):
   """(q, scale, qt, scale_t): x (R, C) quantised 1x128 (jgmm.quantize), and its rows regrouped into PB blocks of
   128 and transposed: qt (C, 128 PB) holds block b's rows (blocks (2, PB) int32: rows [first[b], min(first[b] + 128,
-  end[b])), none where first[b] >= end[b]) in columns [128 b, 128 b + 128), zeros past them, quantised 1x128."""
+  end[b])) within [0, R), none where first[b] >= end[b]) in columns [128 b, 128 b + 128), zeros past them,
+  quantised 1x128."""
   first, end = blocks
   rows = first[:, None] + jnp.arange(128)
-  valid = (rows < end[:, None]).reshape(-1)
+  valid = ((rows >= 0) & (rows < jnp.minimum(end, x.shape[0])[:, None])).reshape(-1)  # Rows outside x: zeros.
   source = x[jnp.clip(rows.reshape(-1), 0, x.shape[0] - 1)] if x.shape[0] else jnp.zeros((valid.shape[0], x.shape[1]),
                                                                                           x.dtype)
   regrouped = jnp.where(valid[:, None], source, 0)

@@ -416,10 +416,9 @@ def heuristic(op, dtype, rows_per_group, k, n):
   """A reasonable config from the problem's shape alone, for Hopper-sized shared memory (measured bests
   on an H200 for these buckets: see docs/perf-notes.md). dtype: the inputs' numpy dtype name."""
   if op.endswith("_fp8"):  # K steps of one 128-wide scale block; tiles of Hopper's FP8 wgmma (64-row warpgroups).
-    if op == "tgmm_fp8":  # Warp-specialised where the operands are M-contiguous (fp8 tgmm's fast layout), 128
-      # wide: two products in flight per consumer (docs/perf-notes.md "Session 21").
-      config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
-                      warp_specialized=True)
+    if op == "tgmm_fp8":  # Warp-specialised where the operands are M-contiguous (fp8 tgmm's fast layout).
+      config = Config(block_m=128, block_n=256 if n > 128 else 128, block_k=128, num_warps=8,
+                      num_stages=3 if n > 128 else 4, tma=False, warp_specialized=True)
     elif op in FP8_WS_OPS:  # K-major rhs: Hopper's warp-specialised kernel (faster at any rows).
       config = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
                       warp_specialized=True)
@@ -458,9 +457,11 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     # 193-256 rows twice as 128-row ones do (-18% on 32 groups of ~192). Where the warp-specialised kernel does not
     # take a call, backend_triton runs 128-row tiles. (heuristic's 128 columns and 4 stages stay.)
     config = dataclasses.replace(config, block_m=ROWS_192)
-  elif key.op == "tgmm_fp8" and _ITEMSIZE[key.out_dtype] <= 2:
-    # 5 stages where the output tiles leave room (geometry.tgmm_fp8_ws_ok): +2% on the dsv3 recipe's (H200).
-    config = dataclasses.replace(config, num_stages=5)
+  elif key.op == "tgmm_fp8" and arch == "sm90" and not key.transpose:
+    # lhs (K, M): the warp-specialised kernel's layout. 128 wide, two products in flight per consumer (on the recipe's
+    # group-aligned operands +18-23% over 256 wide, within noise elsewhere: docs/perf-notes.md "Session 21"), 5
+    # stages where a 2-byte output leaves room (geometry.tgmm_fp8_ws_ok; +2-5%), else 4.
+    config = dataclasses.replace(config, block_n=128, num_stages=5 if _ITEMSIZE[key.out_dtype] <= 2 else 4)
   elif key.op in FP8_WS_OPS and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:
     # +5-14% on contiguous dsv3 shapes, +8% on 32 groups of ~192 rows, -5 to -11% on one group of 1024 rows, whose

@@ -203,8 +203,8 @@ def _weight_layouts(rhs, transpose_rhs, fp8_dtype, backend):
 
 
 # The recipe's weight gradient reads lhs^T and dout^T with each group's rows padded to the 128-row grid of their
-# scales (no block then spans two groups: the FP8 tgmm skips zeroing them) where the padding (128 columns at most
-# per group) adds at most this share to their M.
+# scales (no block then spans two groups: the FP8 tgmm skips zeroing them) where the padding (under 128 columns per
+# group, and M's last partial block) adds at most about this share to their M.
 _MAX_PADDING = 0.25
 
 
@@ -215,12 +215,13 @@ def _padded_groups(group_sizes, m):
   each group but the last adds at most one partial block); padded sizes (G,) int32, the groups' rows so padded (the
   tgmm's group_sizes)."""
   num_groups = group_sizes.shape[0]
-  if 128 * num_groups > _MAX_PADDING * m:
+  padded_blocks = -(-m // 128) + num_groups
+  if 128 * num_groups > _MAX_PADDING * m or 128 * padded_blocks >= 2**31:  # (int32 row indices)
     return None
   edges = jnp.concatenate([ops.group_bounds(group_sizes, None, num_groups, m), jnp.full((1,), m, jnp.int32)])
   padded_sizes = -(-(edges[1:] - edges[:-1]) // 128) * 128
   padded = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(padded_sizes, dtype=jnp.int32)])
-  column = 128 * jnp.arange(-(-m // 128) + num_groups, dtype=jnp.int32)  # Each block's first padded row.
+  column = 128 * jnp.arange(padded_blocks, dtype=jnp.int32)  # Each block's first padded row.
   run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, num_groups)
   used = column < padded[-1]  # Blocks past the padded rows hold none: (0, 0).
   blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0)])
@@ -257,7 +258,8 @@ def _fp8_gmm(lhs, rhs, group_sizes, group_offset, weights, s):
 
 def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, weights, s):
   """The forward for training: lhs and (without `weights`) the weights each quantised in both layouts in one pass
-  (quantize_pair); the backward's layouts are the residuals (FP8 lhs^T (K, M) instead of lhs)."""
+  (quantize_pair, or _quantize_rows for lhs); the backward's layouts are the residuals (FP8 lhs^T (K, M), or
+  (K, M') with its groups padded, instead of lhs)."""
   padding = _padded_groups(group_sizes, lhs.shape[0])
   lhs_q, lhs_scale, lhs_t, lhs_t_scale = _quantize_rows(lhs, padding, s)
   if weights is None:
@@ -291,15 +293,15 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
 
   Forward: lhs quantised per 1x128 block, rhs per 128x128 block, one FP8 gmm reading rhs as (G, N, K). Under
-  differentiation each is quantised in both layouts in one pass (quantize_pair): the residuals are lhs^T (K, M)
-  per 128 rows of M and the weights as (G, K, N), in FP8, instead of lhs and rhs.
+  differentiation each is quantised in both layouts in one pass: the residuals are lhs^T (K, M) per 128 rows of M
+  (see the padding below) and the weights as (G, K, N), in FP8, instead of lhs and rhs.
   Backward: dout quantised per 1x128 block and, transposed, per 128 rows of M, in one pass; dlhs = dout @ rhs[g]^T
   by an FP8 gmm on the (G, K, N) weights; drhs by an FP8 tgmm of lhs^T (K, M) and dout^T (N, M) (jgmm.fp8's tgmm
   recipe, in its fast layout). Where M >= 512 G (G: group_sizes' length), the transposed copies hold each group's
-  rows from a multiple of 128 on (zero-padded: at most 128 G more columns, a quarter of M): their 128-row scale
-  blocks then start at each group's first row and never span two groups, and the tgmm skips the zeroing of other
-  groups' rows (13-22% of its time on an H200); elsewhere the blocks lie on M's global grid. The gradients are
-  those of the quantised products (a recipe, not the exact derivative of the FP8 forward).
+  rows from a multiple of 128 on (zero-padded: under 128 (G + 1) more columns, about a quarter of M): their 128-row
+  scale blocks then start at each group's first row and never span two groups, and the tgmm skips the zeroing of
+  other groups' rows (13-22% of its time on an H200); elsewhere the blocks lie on M's global grid. The gradients
+  are those of the quantised products (a recipe, not the exact derivative of the FP8 forward).
 
   Args:
     lhs: (M, K) bfloat16/float16/float32, rows grouped contiguously in group order.

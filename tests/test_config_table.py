@@ -18,6 +18,7 @@ from absl.testing import absltest
 import jgmm
 from jgmm import capture, config_table, ffi, oracle, tune
 from jgmm.config import Config
+from jgmm.triton_kernels import geometry
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
@@ -140,6 +141,28 @@ class LookupTest(TableTestBase):
             self.assertEqual((config.block_n, config.num_stages), (128, 4 if out == "bfloat16" else 3))
           self.assertLessEqual(config_table.shared_memory_bytes(op, config, 1, 2 if out == "bfloat16" else 4),
                                config_table.shared_memory_limit(arch))
+
+  def test_heuristic_tgmm_fp8_fits_its_warp_specialized_kernel(self):
+    """tgmm_fp8 with lhs (K, M) on sm90: 128-wide tiles, 5 stages with a 2-byte output and 4 with float32, each within
+    the shared memory the warp-specialised kernel needs (geometry.tgmm_fp8_ws_ok: a call that did not fit would run
+    the plain kernel); lhs (M, K) (the plain kernel's layout) keeps the shape heuristic's tiles."""
+    for out, stages in (("bfloat16", 5), ("float16", 5), ("float32", 4)):
+      for transpose in (False, True):
+        k = config_table.make_key("tgmm_fp8", "float8_e4m3fn", out, 1024, 7168, 4096, 32,
+                                  scale=config_table.TGMM_FP8_RECIPE, transpose=transpose)
+        config = config_table.heuristic_config(k, "sm90")
+        if transpose:  # (its stages as many as fit)
+          self.assertEqual(config.block_n, 256, out)
+          continue
+        self.assertEqual((config.block_n, config.num_stages), (128, stages), out)
+        self.assertTrue(geometry.tgmm_fp8_ws_ok(32768, 7168, 4096, 32, jnp.dtype(out).itemsize, config.block_m,
+                                                config.block_n, config.block_k, config.num_stages,
+                                                config_table.shared_memory_limit("sm90")), out)
+        self.assertFalse(geometry.tgmm_fp8_ws_ok(32768, 7168, 4096, 32, jnp.dtype(out).itemsize, config.block_m,
+                                                 config.block_n, config.block_k, config.num_stages + 1,
+                                                 config_table.shared_memory_limit("sm90")), out)
+    # One stage would deadlock the 128-wide tile (it waits for the next step's stage before releasing its own).
+    self.assertFalse(geometry.tgmm_fp8_ws_ok(32768, 7168, 4096, 32, 2, 128, 128, 128, 1, 10**6))
 
   def test_log_once_per_selection_with_source_file_and_triton_version(self):
     path = self.table("t.json", entry(key(), A, triton="0.0.1"))

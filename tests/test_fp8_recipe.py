@@ -31,7 +31,8 @@ class Fp8RecipeTest(parameterized.TestCase):
   @parameterized.parameters(
       dict(m=200, k=300, n=136, transpose_rhs=False, group_offset=None),
       dict(m=160, k=129, n=70, transpose_rhs=True, group_offset=None),
-      dict(m=256, k=256, n=128, transpose_rhs=False, group_offset=1))
+      dict(m=256, k=256, n=128, transpose_rhs=False, group_offset=1),
+      dict(m=2048, k=256, n=128, transpose_rhs=True, group_offset=1))  # lhs^T / dout^T with groups padded
   def test_forward_and_grads_follow_bf16(self, m, k, n, transpose_rhs, group_offset):
     groups = 3
     lhs = self.normal((m, k))
@@ -56,16 +57,17 @@ class Fp8RecipeTest(parameterized.TestCase):
     np.testing.assert_array_equal(out[:int(np.sum(sizes[:offset]))], 0.0)  # rows of no computed group
     np.testing.assert_array_equal(out[int(np.sum(sizes[:offset + groups])):], 0.0)
 
-  @parameterized.parameters(dict(m=1600, transpose_rhs=False, aligned=True),
-                            dict(m=1600, transpose_rhs=True, aligned=True),
-                            dict(m=1000, transpose_rhs=False, aligned=False))
-  def test_weight_gradient_blocks(self, m, transpose_rhs, aligned):
+  @parameterized.parameters(dict(m=1600, transpose_rhs=False, aligned=True, last=700),
+                            dict(m=1600, transpose_rhs=True, aligned=True, last=700),
+                            dict(m=1600, transpose_rhs=False, aligned=True, last=2**30),  # clipped at M
+                            dict(m=1000, transpose_rhs=False, aligned=False, last=700))
+  def test_weight_gradient_blocks(self, m, transpose_rhs, aligned, last):
     """drhs multiplies lhs^T and dout^T quantised per 128 rows of M: from each group's first row on (no block spans
     two groups) where padding the groups to that grid (128 rows at most each) adds at most a quarter to M, on M's
     global grid elsewhere. Group 0's rows are 1e-5 times the others': a block spanning groups 0 and 2 rounds them
     to FP8 on group 2's scale. drhs against float64 oracles of both blocks: close to its own, far from the other's
-    at group 0."""
-    k, n, sizes = 160, 136, np.array([100, 0, 700], np.int32)
+    at group 0; groups past M are clipped to it."""
+    k, n, sizes = 160, 136, np.array([100, 0, last], np.int32)
     rows = np.arange(m)[:, None]
     lhs = jnp.where(rows < 100, 1e-5, 1.0) * self.normal((m, k), jnp.float32)
     rhs = self.normal((3, n, k) if transpose_rhs else (3, k, n), jnp.float32)
@@ -77,7 +79,7 @@ class Fp8RecipeTest(parameterized.TestCase):
     def deq_t(a, first, last):  # rows [first, last) of a, transposed and quantised 1x128 from `first` on.
       return oracle.dequantize(*quantize.quantize(a[first:last].T, "1x128"), "1x128")
 
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    starts = np.minimum(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), m)
     for want_aligned in (True, False):
       want = np.zeros_like(drhs)
       for g, (first, last) in enumerate(zip(starts[:-1], starts[1:])):

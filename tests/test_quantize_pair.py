@@ -152,7 +152,7 @@ class PortableTest(QuantizePairTestBase):
     np.testing.assert_array_equal(got[1], scale)
 
   @parameterized.parameters(dict(sizes=(0, 1, 127, 128, 129, 300), m=3072), dict(sizes=(600, 600), m=1000),
-                            dict(sizes=(0, 0, 0), m=768), dict(sizes=(2**30, 7, -5), m=1536),
+                            dict(sizes=(0, 0, 0), m=1536), dict(sizes=(2**30, 7, -5), m=1536),
                             dict(sizes=(0, 1, 127, 128, 129, 300), m=3071))
   def test_padded_groups(self, sizes, m):
     """fp8_gmm pads its groups where that adds at most M / 4 rows (M >= 512 G): the blocks of each group's rows (the
@@ -221,6 +221,25 @@ class InterpretedTest(QuantizePairTestBase):
         FMAX=448.0))(x, blocks)
     for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
+
+
+  def test_grouped_kernel_blocks_outside_x(self):
+    """Blocks reaching before row 0 or past R read and write only x's rows (zeros for the rest), as the portable
+    backend does."""
+    x = self.operand((200, 130))
+    blocks = jnp.asarray([[-50, 100, 250], [60, 400, 251]], jnp.int32)
+    out_shape = [jax.ShapeDtypeStruct((200, 130), jnp.float32), jax.ShapeDtypeStruct((200, 2), jnp.float32),
+                 jax.ShapeDtypeStruct((130, 384), jnp.float32), jax.ShapeDtypeStruct((130, 3), jnp.float32)]
+    got = jax.jit(lambda x, blocks: ffi.triton_call(
+        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(3, 2),
+        num_warps=quantize_kernels.NUM_WARPS, R=200, C=130, PB=3, FMAX=448.0))(x, blocks)
+    regrouped = np.zeros((384, 130), np.float32)
+    regrouped[50:110] = np.asarray(x[:60], np.float32)  # block 0: rows -50..77 of which 0..59
+    regrouped[128:228] = np.asarray(x[100:200], np.float32)  # block 1: rows 100..199
+    for a, b, what in zip(got[2:], kernel_oracle(regrouped, "1x128", 448.0)[2:], ("qt", "scale_t")):
+      np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
+    portable = fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla")
+    np.testing.assert_allclose(np.asarray(portable[3]), np.asarray(got[3]), rtol=2**-22)  # XLA's division: an ulp
 
 
 class CrossLoweringTest(parameterized.TestCase):

@@ -85,7 +85,7 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr
   first = tl.load(blocks_ptr + pb)
   rows = first + local
   cols = cb * BLOCK + local
-  valid = rows < tl.load(blocks_ptr + PB + pb)
+  valid = (rows >= 0) & (rows < tl.minimum(tl.load(blocks_ptr + PB + pb), R))  # Any blocks: never out of x.
   mask = valid[:, None] & (cols < C)[None, :]
   # 64-bit bases per tile, offsets within it in OFFSET (64-bit pointers per element cost twice the registers).
   OFFSET: tl.constexpr = tl.int64 if BLOCK * max(C, RP) >= 2**31 else tl.int32
