@@ -95,6 +95,13 @@ class Fp8RecipeTest(parameterized.TestCase):
       else:
         self.assertGreater(error, 0.2, f"seed {self.seed}")
 
+  def test_reverse_mode_only(self):
+    """The README's one exception to forward mode: fp8_gmm's gradient is a recipe (a custom_vjp)."""
+    lhs, rhs = self.normal((64, 32)), self.normal((2, 32, 16))
+    sizes = jnp.asarray([30, 34], jnp.int32)
+    with self.assertRaisesRegex(TypeError, "can't apply forward-mode autodiff"):
+      jax.jvp(lambda l: jgmm.fp8_gmm(l, rhs, sizes, backend=self.backend), (lhs,), (lhs,))
+
   def test_training_follows_bf16(self):
     """Fit a grouped linear map: 30 SGD steps in FP8 and in bf16 from the same start; the losses agree to 5%."""
     m, k, n, groups = 256, 128, 128, 4
