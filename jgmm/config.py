@@ -31,8 +31,8 @@ class Config:
     kernel (triton_kernels/gmm_fp8_ws.py) where block_k is 128 and (block_m, block_n) is (128, 128), (128, 256)
     or (192, 128), K a multiple of
     16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8 tgmm with lhs (K, M) and rhs (N, M):
-    the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128 or 256) where M is a multiple of
-    16, K and N of 4 and the output's rows 16-byte multiples.
+    the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128 or 256, 2 or more stages) where M is
+    a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
   """
   block_m: int = 128
   block_n: int = 128
