@@ -214,7 +214,8 @@ def quantize_pair_grouped(x, blocks, *, dtype):
   first, end = blocks
   rows = first[:, None] + jnp.arange(128)
   valid = ((rows >= 0) & (rows < jnp.minimum(end, x.shape[0])[:, None])).reshape(-1)  # Rows outside x: zeros.
-  source = x[jnp.clip(rows.reshape(-1), 0, x.shape[0] - 1)] if x.shape[0] else jnp.zeros((valid.shape[0], x.shape[1]),
-                                                                                          x.dtype)
-  regrouped = jnp.where(valid[:, None], source, 0)
+  if x.shape[0]:
+    regrouped = jnp.where(valid[:, None], x[jnp.clip(rows.reshape(-1), 0, x.shape[0] - 1)], 0)
+  else:  # No row to gather.
+    regrouped = jnp.zeros((valid.shape[0], x.shape[1]), x.dtype)
   return (*quantize.quantize(x, "1x128", dtype), *quantize.quantize(regrouped.T, "1x128", dtype))

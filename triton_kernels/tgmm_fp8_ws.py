@@ -113,7 +113,9 @@ def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.const
 def _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first, steps, start, end,
                  S: gl.constexpr, H: gl.constexpr):
   """(acc, acc_right) after the tile's steps, 256 wide: per step the left then the right column half, each waited
-  for and promoted before the next (two accumulators and one product fit the registers)."""
+  for and promoted before the next (two accumulators and one product fit the registers). _ready_lhs's wait and
+  zeroing are written out here: with the row scales read between them ptxas spills 212 B, through _ready_lhs 260 B
+  (`docs/experiments/tgmm_fp8_ab.py sass`)."""
   ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   for kk in range(steps):
     slot = (step + kk) % S
