@@ -541,11 +541,13 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
 
 
 def quantize_pair_grouped(x, blocks, *, dtype):
-  """backend_xla.quantize_pair_grouped in one pass over x (quantize_pair_grouped_kernel), where the FP8 format has a
-  Triton kernel on this device (an FP8 value may differ by one step: quantize_pair says why); an empty x through
-  backend_xla. Rows of x in no block are left unwritten in q and scale (fp8_gmm's blocks hold every row)."""
+  """backend_xla.quantize_pair_grouped in one pass over x (quantize_pair_grouped_lanes_kernel on CUDA,
+  quantize_pair_grouped_kernel elsewhere), where the FP8 format has a Triton kernel on this device (an FP8 value
+  may differ by one step: quantize_pair says why); an empty x through backend_xla. Rows of x in no block are left
+  unwritten in q and scale (fp8_gmm's blocks hold every row)."""
   dtype = jnp.dtype(dtype)
-  check_fp8_format(dtype, _device())
+  device = _device()
+  check_fp8_format(dtype, device)
   if x.size == 0:
     return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
   r, c = x.shape
@@ -554,10 +556,16 @@ def quantize_pair_grouped(x, blocks, *, dtype):
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
                jax.ShapeDtypeStruct((c, padded_blocks * block), dtype),
                jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
+  sizes = dict(R=r, C=c, PB=padded_blocks, FMAX=quantize.FP8_MAX[dtype])
+  if (device.arch or "").startswith("sm"):
+    tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
+    return tuple(ffi.triton_call(
+        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, out_shape=out_shape,
+        grid=(cb * padded_blocks,), num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
+        name="jgmm_quantize_pair_grouped_lanes", TILE=tile, TILE_T=tile_t, **sizes))
   return tuple(ffi.triton_call(
       x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks,
-      FMAX=quantize.FP8_MAX[dtype]))
+      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", **sizes))
 
 
 def quantize_pair(x, *, recipe, dtype):

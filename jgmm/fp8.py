@@ -149,6 +149,8 @@ def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend
     (q, scale, qt, scale_t): what quantize(x) and quantize(x swapped) give, except that the GPU kernel multiplies
     by the scale's reciprocal where quantize divides: an FP8 value may then differ by one step, where x / scale lies
     within a float32 ulp of a rounding boundary (and XLA's own division on a GPU may differ from IEEE's by an ulp).
+    Non-finite x as in quantize, on both backends: a block holding NaN has a NaN scale and NaN values; one holding
+    inf (no NaN) an inf scale, zeros, and NaN where x is inf.
   """
   dtype, backend = validation.check_quantize_pair(x, recipe, dtype, backend)
   return tuple(_quantize_pair_p(x, recipe=recipe, dtype=dtype, backend=backend))

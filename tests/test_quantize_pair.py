@@ -91,10 +91,15 @@ class QuantizePairTestBase(parameterized.TestCase):
     self.seed = secrets.randbits(32)
     self.rng = np.random.default_rng(self.seed)
 
-  def operand(self, shape, dtype=jnp.bfloat16):
-    """Rows of different magnitudes, the first five all zero (scale 1)."""
+  def operand(self, shape, dtype=jnp.bfloat16, nonfinite=False):
+    """Rows of different magnitudes, the first five all zero (scale 1); with nonfinite, a NaN in the last row's
+    first column and an inf in the last column of the middle row (their blocks: NaN scales and values, an inf
+    scale with zeros and a NaN)."""
     x = self.rng.standard_normal(shape) * np.exp(self.rng.uniform(-3, 3, shape[:-1] + (1,)))
     x[..., :5, :] = 0.0
+    if nonfinite:
+      x[..., -1, 0] = np.nan
+      x[..., shape[-2] // 2, -1] = np.inf
     return jnp.asarray(x, dtype)
 
 
@@ -188,10 +193,10 @@ class InterpretedTest(QuantizePairTestBase):
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     os.environ.pop("JGMM_TARGET", None)
 
-  @parameterized.parameters(*CASES)
-  def test_kernel(self, shape, recipe):
-    """Every element and scale of both layouts, partial blocks at both edges, all-zero rows."""
-    x = self.operand(shape)
+  @parameterized.product(CASES, nonfinite=(False, True))
+  def test_kernel(self, shape, recipe, nonfinite):
+    """Every element and scale of both layouts, partial blocks at both edges, all-zero rows, NaN and inf."""
+    x = self.operand(shape, nonfinite=nonfinite)
     g, r, c = (1, *shape) if len(shape) == 2 else shape
     rb, cb = -(-r // 128), -(-c // 128)
     rowwise = recipe == "1x128"
@@ -206,10 +211,10 @@ class InterpretedTest(QuantizePairTestBase):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
-  @parameterized.parameters(*GROUPED)
-  def test_grouped_kernel(self, sizes, m):
+  @parameterized.product(GROUPED, nonfinite=(False, True))
+  def test_grouped_kernel(self, sizes, m, nonfinite):
     """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit."""
-    x = self.operand((m, 260))
+    x = self.operand((m, 260), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
     padded_blocks = blocks.shape[1]
     out_shape = [jax.ShapeDtypeStruct((m, 260), jnp.float32), jax.ShapeDtypeStruct((m, 3), jnp.float32),
@@ -257,6 +262,18 @@ class CrossLoweringTest(parameterized.TestCase):
                      ["quantize_pair_kernel"] if kernel else [])
 
 
+  @parameterized.parameters(jnp.bfloat16, jnp.float16, jnp.float32)
+  def test_grouped_on_cuda(self, dtype):
+    """The grouped quantisation on CUDA is the lanes kernel (the plain one runs under the interpreter and on ROCm),
+    for each x dtype."""
+    blocks = blocks_of((0, 1, 127, 128, 129, 300), 1000)
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      jax.jit(lambda x: fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="triton")).trace(
+          jax.ShapeDtypeStruct((1000, 260), dtype)).lower(lowering_platforms=("cuda",))
+    self.assertEqual([c.args[0].__name__ for c in compile_kernel.call_args_list],
+                     ["quantize_pair_grouped_lanes_kernel"])
+
   @parameterized.parameters((32768, 32, True), (4096, 32, False))
   def test_recipe_on_cuda(self, m, groups, grouped):
     """fp8_gmm's gradient quantises lhs and dout with each group padded to the 128-row grid (the grouped kernel)
@@ -270,7 +287,7 @@ class CrossLoweringTest(parameterized.TestCase):
                           s((groups,), jnp.int32)).lower(lowering_platforms=("cuda",))
     kernels = [(c.args[0].__name__, c.args[2].get("ROWWISE")) for c in compile_kernel.call_args_list]
     self.assertIn(("tgmm_fp8_ws_kernel", None), kernels)
-    self.assertEqual(("quantize_pair_grouped_kernel", None) in kernels, grouped)
+    self.assertEqual(("quantize_pair_grouped_lanes_kernel", None) in kernels, grouped)
     self.assertEqual(("quantize_pair_kernel", True) in kernels, not grouped)  # 1x128 (the weights' are 128x128)
 
 
@@ -295,6 +312,26 @@ class GpuTest(QuantizePairTestBase):
         x, blocks)
     self.assert_kernel_outputs(got, grouped_oracle(x, blocks, 448.0),
                                fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla"))
+
+  @parameterized.parameters(dict(recipe="1x128"), dict(recipe="128x128"), dict(recipe="grouped"))
+  def test_nonfinite(self, recipe):
+    """NaN and inf as the oracle (and jgmm.quantize) give them: a block holding NaN all NaN, one holding inf an inf
+    scale, zeros, and NaN at the inf; each kernel's against the oracle bit for bit, NaN where the portable's is."""
+    x = self.operand((1000, 260), nonfinite=True)
+    if recipe == "grouped":
+      blocks = blocks_of((0, 1, 127, 128, 129, 300), 1000)
+      run = lambda backend: fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend=backend)
+      oracle = grouped_oracle(x, blocks, 448.0)
+    else:
+      run = lambda backend: jgmm.quantize_pair(x, recipe, backend=backend)
+      oracle = kernel_oracle(x, recipe, 448.0)
+    got, portable = jax.jit(lambda: run("triton"))(), run("xla")
+    for k, (a, want, near, what) in enumerate(zip(got, oracle, portable, ("q", "scale", "qt", "scale_t"))):
+      a = np.asarray(a, np.float32)
+      want = np.asarray(np.asarray(want).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else want
+      self.assertTrue(np.isnan(a).any(), what)  # The test's NaN reached this output.
+      np.testing.assert_array_equal(a, want, err_msg=f"{what} against the oracle, seed {self.seed}")
+      np.testing.assert_array_equal(np.isnan(a), np.isnan(np.asarray(near, np.float32)), err_msg=what)
 
   def assert_kernel_outputs(self, got, oracle, portable):
     """A kernel's (q, scale, qt, scale_t): the oracle's bit for bit (its FP8 values rounded by ml_dtypes), and the

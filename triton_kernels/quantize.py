@@ -10,7 +10,9 @@ differ by one FP8 step where x / scale lies within a float32 ulp of a rounding b
     column of x per 128 rows (qt's rows);
   otherwise (128x128 blocks): s (G, RB, CB), one per tile, and st (G, CB, RB), the same scales (a transposed block
     has the block's amax).
-RB = cdiv(R, 128), CB = cdiv(C, 128). Elements past R or C are read as zeros and not written. x is 2-byte with
+RB = cdiv(R, 128), CB = cdiv(C, 128). Elements past R or C are read as zeros and not written. A block holding NaN
+gets a NaN scale and NaN values, one holding inf (and no NaN) an inf scale, zeros and NaN where x is inf, as
+jgmm.quantize's division gives. x is 2-byte with
 128x128 blocks: for float32 x one of the two stores wrote wrong values on an H100 (Triton 3.6, whether or not q and
 qt were one value), so jgmm quantises float32 weights through XLA. This is what
 DeepSeek-V3's training recipe quantises: activations 1x128 for the forward and their transpose for the weight
@@ -18,9 +20,17 @@ gradient, weights 128x128 read K-major by one product and N-major by the other.
 """
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 BLOCK = tl.constexpr(128)
 NUM_WARPS = 4  # Measured faster than 8 and 16 (H100): more programs per SM overlap their loads and stores.
+NAN = tl.constexpr(tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_max(a, b):
+  return tl.maximum(a, b, propagate_nan=NAN)
 
 
 @triton.jit
@@ -32,7 +42,7 @@ def _scale(amax, FMAX: tl.constexpr):
 def _quantize(x, scale, dtype, FMAX: tl.constexpr):
   """x times the scale's reciprocal (rounded once, per row or column), clipped, rounded to dtype: a division per
   element instead made the transposing kernel twice as slow (H100)."""
-  return tl.clamp(x * tl.math.div_rn(1.0, scale), -FMAX, FMAX).to(dtype)
+  return tl.clamp(x * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=NAN).to(dtype)
 
 
 @triton.jit
@@ -52,14 +62,14 @@ def quantize_pair_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C
   x = tl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(tl.float32)
   dtype = q_ptr.dtype.element_ty
   if ROWWISE:
-    scale = _scale(tl.max(tl.abs(x), axis=1), FMAX)
-    scale_t = _scale(tl.max(tl.abs(x), axis=0), FMAX)
+    scale = _scale(tl.reduce(tl.abs(x), 1, _nan_max), FMAX)
+    scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
     tl.store(s_ptr + (g.to(tl.int64) * R + rows) * CB + cb, scale, mask=rows < R)
     tl.store(st_ptr + (g.to(tl.int64) * C + cols) * RB + rb, scale_t, mask=cols < C)
     q = _quantize(x, scale[:, None], dtype, FMAX)
     qt = _quantize(x, scale_t[None, :], dtype, FMAX)
   else:
-    scale = _scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0), FMAX)
+    scale = _scale(tl.reduce(tl.reduce(tl.abs(x), 1, _nan_max), 0, _nan_max), FMAX)
     tl.store(s_ptr + (g * RB + rb) * CB + cb, scale)
     tl.store(st_ptr + (g * CB + cb) * RB + rb, scale)
     q = _quantize(x, scale, dtype, FMAX)
@@ -92,8 +102,8 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr
   tile = first.to(tl.int64) * C + cb * BLOCK
   offsets = local.to(OFFSET)[:, None] * C + local[None, :]
   x = tl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(tl.float32)
-  scale = _scale(tl.max(tl.abs(x), axis=1), FMAX)
-  scale_t = _scale(tl.max(tl.abs(x), axis=0), FMAX)
+  scale = _scale(tl.reduce(tl.abs(x), 1, _nan_max), FMAX)
+  scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
   tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
   tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
   dtype = q_ptr.dtype.element_ty
@@ -102,3 +112,67 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr
   tile_t = cb.to(tl.int64) * BLOCK * RP + pb * BLOCK
   offsets_t = local.to(OFFSET)[:, None] * RP + local[None, :]
   tl.store(qt_ptr + tile_t + offsets_t, qt, mask=(cols < C)[:, None])
+
+
+# quantize_pair_grouped_lanes_kernel (CUDA): 8 warps at most 128 registers each, two programs per SM. Measured
+# (H100, (32768, 4096) and (32768, 7168) bf16): 12% faster than quantize_pair_grouped_kernel, 78% of a copy's time.
+LANES_WARPS = 8
+LANES_MAXNREG = 128
+
+
+def lanes_layouts(num_warps: int):
+  """(TILE, TILE_T) of quantize_pair_grouped_lanes_kernel (num_warps a power of two up to 32): a 128 x 128 tile
+  over 4 x 8 lanes (rows x columns) and the warps (up to 4 along the columns), each thread holding a block of
+  rows x columns of it; TILE orders a thread's registers along the columns (x's loads and q's stores), TILE_T the
+  same elements along the rows (qt's stores: its rows are x's columns), so the transpose moves no data between
+  threads."""
+  warps_c = min(num_warps, 4)  # At least 4 columns a thread: 4-byte stores of q.
+  warps_r = num_warps // warps_c
+  rows, cols = 128 // 4 // warps_r, 128 // 8 // warps_c
+  powers = lambda n: [1 << b for b in range(n.bit_length() - 1)]
+  regs_r, regs_c = [[p, 0] for p in powers(rows)], [[0, p] for p in powers(cols)]
+  lane_bases = [[0, cols * p] for p in powers(8)] + [[rows * p, 0] for p in powers(4)]
+  warp_bases = [[0, 8 * cols * p] for p in powers(warps_c)] + [[4 * rows * p, 0] for p in powers(warps_r)]
+  tile = lambda regs: gl.DistributedLinearLayout(regs, lane_bases, warp_bases, [], [128, 128])
+  return tile(regs_c + regs_r), tile(regs_r + regs_c)
+
+
+@gluon.jit
+def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: gl.constexpr,
+                                       C: gl.constexpr, PB: gl.constexpr, FMAX: gl.constexpr, TILE: gl.constexpr,
+                                       TILE_T: gl.constexpr):
+  """quantize_pair_grouped_kernel's outputs (float8_e4m3fn q and qt) with a layout that stores both from registers
+  (lanes_layouts; the plain kernel transposes through shared memory a byte at a time) and each row's and column's
+  scale and reciprocal computed once, by one thread, not by every thread holding the row or column. No clamp:
+  CUDA's conversion to FP8 saturates (cvt.rn.satfinite) and keeps NaN. One program per 128 columns and block,
+  columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,)."""
+  CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
+  RP: gl.constexpr = PB * BLOCK
+  OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RP) >= 2**31 else gl.int32
+  ONE: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])  # A row's or column's scale a thread.
+  cb, pb = gl.program_id(0) % CB, gl.program_id(0) // CB
+  first = gl.load(blocks_ptr + pb)
+  end = gl.minimum(gl.load(blocks_ptr + PB + pb), R)
+  r_local = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, TILE))
+  c_local = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, TILE))
+  rows, cols = first + r_local, cb * BLOCK + c_local
+  mask = gl.expand_dims((rows >= 0) & (rows < end), 1) & gl.expand_dims(cols < C, 0)
+  # 64-bit bases per tile, offsets within it in OFFSET: x and q at [r, c] -> r * C + c, qt at [c, r] -> c * RP + r.
+  tile = first.to(gl.int64) * C + cb * BLOCK
+  offsets = gl.expand_dims(r_local.to(OFFSET), 1) * C + gl.expand_dims(c_local, 0)
+  x = gl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(gl.float32)
+  one = gl.arange(0, BLOCK, layout=ONE)
+  scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
+  scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
+  gl.store(s_ptr + (first + one).to(gl.int64) * CB + cb, scale, mask=(first + one >= 0) & (first + one < end))
+  gl.store(st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb, scale_t, mask=cb * BLOCK + one < C)
+  inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
+  inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
+  dtype: gl.constexpr = q_ptr.dtype.element_ty
+  gl.store(q_ptr + tile + offsets, (x * gl.expand_dims(inverse, 1)).to(dtype), mask=mask)
+  qt = gl.convert_layout((x * gl.expand_dims(inverse_t, 0)).to(dtype), TILE_T)  # Registers renamed, no data moved.
+  rt = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, TILE_T))
+  ct = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, TILE_T))
+  tile_t = cb.to(gl.int64) * BLOCK * RP + pb * BLOCK
+  offsets_t = gl.expand_dims(ct.to(OFFSET), 0) * RP + gl.expand_dims(rt, 1)
+  gl.store(qt_ptr + tile_t + offsets_t, qt, mask=gl.expand_dims(cb * BLOCK + ct < C, 0))

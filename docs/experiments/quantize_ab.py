@@ -1,0 +1,61 @@
+"""fp8_gmm's grouped quantisation (issue 15) on the dsv3 operands: the plain kernel (quantize_pair_grouped_kernel,
+the interpreter's and ROCm's) against the lanes kernel (CUDA's default), and a copy that reads and writes as many
+bytes (the roofline); outputs compared bit for bit (NONFINITE=1: with a NaN and an inf in x). The Gluon variants
+tried before the lanes kernel (32 lanes along the columns, a persistent TMA pipeline) are in commit ffa835d.
+
+    python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG,copy]
+"""
+import os
+import sys
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jgmm import backend_triton, bench, ffi, fp8, timing
+from jgmm.triton_kernels import quantize as quantize_kernels
+
+sizes = bench.Inputs(32768, 128, 128, 32).group_sizes
+blocks, _ = fp8._padded_groups(sizes, 32768)
+
+
+def plain(x):
+  r, c = x.shape
+  pb, cb = blocks.shape[1], -(-c // 128)
+  f8 = jnp.float8_e4m3fn
+  out_shape = [jax.ShapeDtypeStruct(x.shape, f8), jax.ShapeDtypeStruct((r, cb), jnp.float32),
+               jax.ShapeDtypeStruct((c, pb * 128), f8), jax.ShapeDtypeStruct((c, pb), jnp.float32)]
+  return tuple(ffi.triton_call(x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
+                               grid=(pb, cb), num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=pb, FMAX=448.0))
+
+
+def compiled(variant, x):
+  if variant == "copy":  # 2 bytes read and 2 written an element, as the quantisation.
+    return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.int16) ^ 1).trace(x).lower().compile()
+  if variant == "plain":
+    return jax.jit(plain).trace(x).lower().compile()
+  _, *geometry = variant.split("@")  # lanes[@WARPS@MAXNREG]
+  warps, maxnreg = map(int, geometry) if geometry else (quantize_kernels.LANES_WARPS, quantize_kernels.LANES_MAXNREG)
+  with mock.patch.object(quantize_kernels, "LANES_WARPS", warps), \
+       mock.patch.object(quantize_kernels, "LANES_MAXNREG", maxnreg):
+    return jax.jit(lambda a: backend_triton.quantize_pair_grouped(a, blocks, dtype=jnp.float8_e4m3fn)).trace(
+        x).lower().compile()
+
+
+if __name__ == "__main__":
+  names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["plain", "lanes", "copy"]
+  print("device:", jax.devices()[0].device_kind, flush=True)
+  for cols in (2048, 4096, 7168):
+    x = jax.random.normal(jax.random.key(0), (32768, cols), jnp.bfloat16)
+    x = x.at[5, 7].set(jnp.nan).at[300, 9].set(jnp.inf) if os.environ.get("NONFINITE") else x
+    fns = {name: compiled(name, x) for name in names}
+    outputs = {n: [np.asarray(o.astype(jnp.float32)) for o in f(x)] for n, f in fns.items() if n != "copy"}
+    first, *others = outputs
+    for name in others:
+      print(f"  {name}: outputs equal to {first}'s:", [bool(np.array_equal(a, b, equal_nan=True))
+                                                      for a, b in zip(outputs[first], outputs[name])], flush=True)
+    ms = timing.time_interleaved({n: (lambda f=f: f(x), timing.jax_sync) for n, f in fns.items()},
+                                 min_batch_s=0.03, batches=5)
+    for name, t in ms.items():
+      print(f"  (32768, {cols}) {name:14s} {t * 1e3:7.1f} us {4 * x.size / t / 1e9:6.2f} TB/s", flush=True)
