@@ -495,19 +495,18 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, devi
   (MB, N)."""
   k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
-  halves = config.block_m // half  # 128 or 192 K rows a tile.
   layout = gmm_ws.shared_layout
-  tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
+  tiles = num_groups * geometry.cdiv(k, block) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, (half, block), layout=layout((half, block), lhs.dtype.name)),
       ffi.TensorDescriptor(rhs, (config.block_n, block), layout=layout((config.block_n, block), rhs.dtype.name)),
-      ffi.TensorDescriptor(lhs_scale, (1, 1 << (config.block_m - 1).bit_length()), layout=tgmm_fp8_ws.SCALE_LAYOUT),
+      ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       bounds,
       kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-      grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG[halves],
+      grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
       name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
-      OUT_LAYOUT=layout((half, block), out_dtype.name), HALVES=halves)
+      OUT_LAYOUT=layout((half, block), out_dtype.name))
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
@@ -519,20 +518,19 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   out_dtype = jnp.dtype(out_dtype)
   if m == 0:
     return jnp.zeros((num_groups, k, n), out_dtype)
-  device, given = _device(), config is not None
+  device = _device()
   config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups,
                        config_table.TGMM_FP8_RECIPE, config, device, transpose=transpose_lhs)
   if config is None:
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
                                 transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)
+  tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
   # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
   lhs_scale = lhs_scale if transpose_lhs else lhs_scale.T
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
   if not transpose_lhs and transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype,
                                                         fits=geometry.tgmm_fp8_ws_ok):
     return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device)
-  config = _plain_fp8_config(config, given, f"FP8 tgmm of lhs {lhs.shape}, rhs {rhs.shape}")
-  tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),

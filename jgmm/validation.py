@@ -215,7 +215,7 @@ def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_el
     if existing_out.dtype != out_dtype:
       raise TypeError(f"existing_out must have the output dtype {out_dtype}, got {_describe(existing_out)}")
   _flag("bias_grad", bias_grad)
-  return (m, k, n, num_groups, out_dtype, _precision(precision), config_lib.as_config(config, fp8),
+  return (m, k, n, num_groups, out_dtype, _precision(precision), config_lib.as_config(config),
           _backend(backend))
 
 

@@ -80,13 +80,12 @@ def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, 
 
 
 def tgmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, num_stages, shared_memory):
-  """Whether tgmm_fp8_ws_kernel (lhs (K, M), rhs (N, M) FP8) runs this shape and tiling: tiles of block_m x block_n
-  x 128, (128, 128), (128, 256) or (192, 128), TMA row strides of 16 bytes (operand rows of M FP8 bytes, float32
-  scale rows of K and N, out rows of N elements), descriptor coordinates in int32 (M, and out viewed (G * K, N)),
-  and its shared memory (S stages of a block_m-row lhs tile, a block_n-row rhs tile and their scale rows, block_m /
-  64 output tiles of 64 x 128) within shared_memory bytes; at least 2 stages (a 128 x 128 tile waits for step
-  s + 1's stage before it releases step s's: one stage would deadlock)."""
-  return ((block_m, block_n) in ((128, 128), (128, 256), (192, 128)) and block_k == 128 and num_stages >= 2
-          and _strides_ok((m,), 1) and _strides_ok((k, n), 4) and _strides_ok((n,), out_itemsize)
-          and max(m, num_groups * k) < _INT32_LIMIT
-          and num_stages * (block_m + block_n) * (128 + 4) + block_m * 128 * out_itemsize <= shared_memory)
+  """Whether tgmm_fp8_ws_kernel (lhs (K, M), rhs (N, M) FP8) runs this shape and tiling: tiles of 128 x block_n
+  (128 or 256) x 128, TMA row strides of 16 bytes (operand rows of M FP8 bytes, float32 scale rows of K and N,
+  out rows of N elements), descriptor coordinates in int32 (M, and out viewed (G * K, N)), and its shared memory
+  (S stages of a 128-row lhs tile, a block_n-row rhs tile and their scale rows, two 64 x 128 output tiles) within
+  shared_memory bytes; at least 2 stages (a 128-wide tile waits for step s + 1's stage before it releases step s's:
+  one stage would deadlock)."""
+  return (block_m == block_k == 128 and block_n in (128, 256) and num_stages >= 2 and _strides_ok((m,), 1)
+          and _strides_ok((k, n), 4) and _strides_ok((n,), out_itemsize) and max(m, num_groups * k) < _INT32_LIMIT
+          and num_stages * (128 + block_n) * (128 + 4) + 2 * 64 * 128 * out_itemsize <= shared_memory)

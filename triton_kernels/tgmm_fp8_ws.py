@@ -30,20 +30,17 @@ from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages
 
 # A barrier of the partition's warps: Triton 3.6's name, renamed after it.
 _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 or 16 warps in all.
-# Registers per thread at launch, by HALVES (12 or 16 warps fill the register file); then two consumers take 240 or
-# three take 160, the loader 24.
-MAXNREG = {2: 168, 3: 128}
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
+MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
 # A step's scale rows (1 x 128 of lhs_scale, 1 x BLOCK_N of rhs_scale) come by TMA into unswizzled shared memory.
 SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @gluon.jit
-def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, HALVES: gl.constexpr):
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
   """(group, K tile, N tile, the group's first row, its end, its first step, its steps, K rows in the tile) of
-  tile t (K tiles of 64 HALVES rows)."""
-  TILE_K: gl.constexpr = HALF * HALVES
-  num_k: gl.constexpr = (K + TILE_K - 1) // TILE_K
+  tile t."""
+  num_k: gl.constexpr = (K + BLOCK - 1) // BLOCK
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   g = t // (num_k * num_n)
   ki = t % (num_k * num_n) // num_n
@@ -51,33 +48,30 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
   end = gl.load(bounds_ptr + g + 1)
   first = start // BLOCK
   steps = ((end + BLOCK - 1) // BLOCK - first) * (end > start).to(gl.int32)
-  return g, ki, t % num_n, start, end, first, steps, gl.minimum(K - ki * TILE_K, TILE_K)
+  return g, ki, t % num_n, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
 
 
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
-            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            HALVES: gl.constexpr):
-  TILE_K: gl.constexpr = HALF * HALVES
-  num_tiles: gl.constexpr = G * ((K + TILE_K - 1) // TILE_K) * ((N + BLOCK_N - 1) // BLOCK_N)
-  # One lhs half, the rhs tile and both scale rows; then each further lhs half.
+            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr):
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
+  # One lhs half, the rhs tile and both scale rows.
   half_bytes: gl.constexpr = (lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
                               + sb_desc.block_type.nbytes)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, HALVES)
-    halves = gl.minimum((rows + HALF - 1) // HALF, HALVES)  # Halves holding K rows (the others' consumers skip).
+    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
     for kk in range(steps):
       slot = step % S
       m0 = (first + kk) * BLOCK
       mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-      for h in gl.static_range(HALVES):
-        mbarrier.expect(ready.index(slot), half_bytes + h * lhs_desc.block_type.nbytes, pred=halves == h + 1)
-      for h in gl.static_range(HALVES):
-        _tma_load(lhs_desc, [ki * TILE_K + h * HALF, m0], ready.index(slot), a_bufs.index(HALVES * slot + h),
-                  pred=h < halves)
+      mbarrier.expect(ready.index(slot), half_bytes + lhs_desc.block_type.nbytes, pred=both)
+      mbarrier.expect(ready.index(slot), half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [ki * BLOCK, m0], ready.index(slot), a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [ki * BLOCK + HALF, m0], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
       _tma_load(rhs_desc, [ni * BLOCK_N, m0], ready.index(slot), b_bufs.index(slot))
-      _tma_load(sa_desc, [first + kk, ki * TILE_K], ready.index(slot), sa_bufs.index(slot))
+      _tma_load(sa_desc, [first + kk, ki * BLOCK], ready.index(slot), sa_bufs.index(slot))
       _tma_load(sb_desc, [first + kk, ni * BLOCK_N], ready.index(slot), sb_bufs.index(slot))
       step += 1
 
@@ -106,8 +100,7 @@ def _add_scaled(acc, a, b, sa, sb_buf):
 
 @gluon.jit
 def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.constexpr):
-  """This consumer's lhs half of stage `step` once it has landed, other groups' rows zeroed (m0: its first row);
-  two consumers (the pipelined path's)."""
+  """This consumer's lhs half of stage `step` once it has landed, other groups' rows zeroed (m0: its first row)."""
   slot = step % S
   mbarrier.wait(ready.index(slot), (step // S) & 1)
   a = a_bufs.index(2 * slot + H)
@@ -117,27 +110,25 @@ def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.const
 
 
 @gluon.jit
-def _reduce_serial(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first, steps, start, end,
-                   S: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr, WIDE: gl.constexpr):
-  """(acc, acc_right) after the tile's steps, each product waited for and promoted before the next: 256 wide (WIDE)
-  the left then the right column half (two accumulators and one product fit the registers), or 128 wide with three
-  consumers (acc_right unused; one accumulator and one product fit their 160 registers). _ready_lhs's wait and
-  zeroing are written out here: 256 wide, with the row scales read between them ptxas spills 212 B, through
-  _ready_lhs 260 B (`docs/experiments/tgmm_fp8_ab.py sass`)."""
+def _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first, steps, start, end,
+                 S: gl.constexpr, H: gl.constexpr):
+  """(acc, acc_right) after the tile's steps, 256 wide: per step the left then the right column half, each waited
+  for and promoted before the next (two accumulators and one product fit the registers). _ready_lhs's wait and
+  zeroing are written out here: with the row scales read between them ptxas spills 212 B, through _ready_lhs 260 B
+  (`docs/experiments/tgmm_fp8_ab.py sass`)."""
   ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   for kk in range(steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    sa = sa_bufs.index(slot).reshape([sa_bufs.shape[2]]).slice(H * HALF, HALF).load(ROWS)
-    sb = sb_bufs.index(slot).reshape([2 * BLOCK if WIDE else BLOCK])
-    a = a_bufs.index(HALVES * slot + H)
+    sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(ROWS)
+    sb = sb_bufs.index(slot).reshape([2 * BLOCK])
+    a = a_bufs.index(2 * slot + H)
     m0 = (first + kk) * BLOCK
     if (m0 < start) | (m0 + BLOCK > end):
       _zero_other_rows(a, m0, start, end)
     b = b_bufs.index(slot)
     acc = _add_scaled(acc, a, b.slice(0, BLOCK).permute((1, 0)), sa, sb.slice(0, BLOCK))
-    if WIDE:
-      acc_right = _add_scaled(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), sa, sb.slice(BLOCK, BLOCK))
+    acc_right = _add_scaled(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), sa, sb.slice(BLOCK, BLOCK))
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
@@ -188,26 +179,23 @@ def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step,
 @gluon.jit
 def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr,
               K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-              H: gl.constexpr, HALVES: gl.constexpr):
+              H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
-  SERIAL: gl.constexpr = WIDE or HALVES == 3
-  TILE_K: gl.constexpr = HALF * HALVES
-  num_tiles: gl.constexpr = G * ((K + TILE_K - 1) // TILE_K) * ((N + BLOCK_N - 1) // BLOCK_N)
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
   out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, HALVES)
+    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-    acc_right = acc
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if (half_rows > 0) & (steps > 0):
-      if SERIAL:
-        acc, acc_right = _reduce_serial(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first,
-                                        steps, start, end, S, H, HALVES, WIDE)
+      if WIDE:
+        acc, acc_right = _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first,
+                                      steps, start, end, S, H)
       else:
         acc = _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step, first, steps, start, end,
                                 S, H)
@@ -215,7 +203,7 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, rea
       release_stages(ready, empty, step, steps, S)
     step += steps
     if half_rows > 0:
-      row = g * K + ki * TILE_K + H * HALF
+      row = g * K + ki * BLOCK + H * HALF
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_rows, N, BLOCK, OUT_LAYOUT)
       if WIDE:
         if ni * BLOCK_N + BLOCK < N:
@@ -226,33 +214,19 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, rea
 
 @gluon.jit
 def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
-                       N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-                       HALVES: gl.constexpr):
+                       N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
   """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
-  (MB, K), box (1, W), W the tile's 64 HALVES rows rounded up to a power of 2, and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds
-  (G + 1,) int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
-  shared-memory layout OUT_LAYOUT). Tiles of 64 HALVES K rows: HALVES 2, or 3 with BLOCK_N = 128 (three consumers,
-  each product promoted before the next), launched with MAXNREG[HALVES] registers."""
-  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
-  sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, SCALE_LAYOUT)
+  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
+  int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
+  shared-memory layout OUT_LAYOUT)."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], SCALE_LAYOUT)
   sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
-  if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
-    gl.warp_specialize([
-        (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N,
-                     S, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N,
-                     S, OUT_LAYOUT, 1, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
-                   G, K, N, BLOCK_N, S, HALVES)),
-    ], [4, 1], [240, 24])
-  else:
-    gl.warp_specialize([
-        (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N,
-                     S, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N,
-                     S, OUT_LAYOUT, 1, HALVES)),
-        (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N,
-                     S, OUT_LAYOUT, 2, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
-                   G, K, N, BLOCK_N, S, HALVES)),
-    ], [4, 4, 1], [160, 160, 24])
+  gl.warp_specialize([
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 0)),
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
+                 K, N, BLOCK_N, S)),
+  ], [4, 1], [240, 24])

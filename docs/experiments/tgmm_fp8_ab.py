@@ -3,7 +3,7 @@ stages, the heuristic's tiles there).
 
 python docs/experiments/tgmm_fp8_ab.py sass|time|ncu KERNEL,...
     KERNEL: tree (triton_kernels/tgmm_fp8_ws.py) or the name of a copy docs/experiments/tgmm_fp8_ws_KERNEL.py,
-    optionally @BLOCK_N@STAGES[@BLOCK_M] (default @256@3, block_m 128), e.g. pipe@128@5 or tree@128@4@192.
+    optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
     output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them (ALIGNED=1: on
     fp8_gmm's backward's operands, each group padded to the 128-row grid); ncu (GPU): each
@@ -37,12 +37,11 @@ CASES = [case for case in bench.CASES if case[0] in ("dsv3-ep8-gateup", "dsv3-ep
 
 
 def config_of(label):
-  """The Config of a KERNEL[@BLOCK_N@STAGES[@BLOCK_M]] label."""
+  """The Config of a KERNEL[@BLOCK_N@STAGES] label."""
   _, *geometry = label.split("@")
   if not geometry:
     return CONFIG
-  return dataclasses.replace(CONFIG, block_n=int(geometry[0]), num_stages=int(geometry[1]),
-                             block_m=int(geometry[2]) if len(geometry) > 2 else CONFIG.block_m)
+  return dataclasses.replace(CONFIG, block_n=int(geometry[0]), num_stages=int(geometry[1]))
 
 
 def compiled(module, args, config):
