@@ -313,6 +313,34 @@ class GpuTest(QuantizePairTestBase):
     self.assert_kernel_outputs(got, grouped_oracle(x, blocks, 448.0),
                                fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla"))
 
+  @parameterized.product(dtype=(jnp.bfloat16, jnp.float16, jnp.float32), c=(7, 257, 4096),
+                         outside=(False, True))
+  def test_lanes_kernel(self, dtype, c, outside):
+    """CUDA's grouped kernel (the lanes kernel, backend_triton's default there) against the plain one (checked
+    against the oracle by InterpretedTest and test_grouped_kernel) bit for bit: each x dtype, column counts on and
+    off a thread's 4-column grid, blocks of groups or blocks reaching before row 0 and past R, NaN and inf; q and
+    scale on the rows the blocks hold (the others are not written)."""
+    x = self.operand((1000, c), dtype, nonfinite=True)
+    blocks = (jnp.asarray([[-50, 100, 250, 990], [60, 400, 251, 5000]], jnp.int32) if outside
+              else blocks_of((0, 1, 127, 128, 129, 300), 1000))
+    padded_blocks, cb = blocks.shape[1], -(-c // 128)
+    out_shape = [jax.ShapeDtypeStruct((1000, c), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((1000, cb), jnp.float32),
+                 jax.ShapeDtypeStruct((c, 128 * padded_blocks), jnp.float8_e4m3fn),
+                 jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
+    plain = jax.jit(lambda x, b: ffi.triton_call(
+        x, b, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
+        num_warps=quantize_kernels.NUM_WARPS, R=1000, C=c, PB=padded_blocks, FMAX=448.0))(x, blocks)
+    lanes = jax.jit(lambda x, b: fp8._quantize_pair_grouped_p(x, b, dtype=jnp.float8_e4m3fn, backend="triton"))(
+        x, blocks)
+    first, end = np.asarray(blocks)
+    held = np.zeros(1000, bool)
+    for start, stop in zip(first, end):
+      held[max(start, 0):max(min(stop, start + 128, 1000), 0)] = True
+    for k, (a, b, what) in enumerate(zip(lanes, plain, ("q", "scale", "qt", "scale_t"))):
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      a, b = (a[held], b[held]) if k < 2 else (a, b)
+      np.testing.assert_array_equal(a, b, err_msg=f"{what}, seed {self.seed}")
+
   @parameterized.parameters(dict(recipe="1x128"), dict(recipe="128x128"), dict(recipe="grouped"))
   def test_nonfinite(self, recipe):
     """NaN and inf as the oracle (and jgmm.quantize) give them: a block holding NaN all NaN, one holding inf an inf

@@ -11,10 +11,11 @@ differ by one FP8 step where x / scale lies within a float32 ulp of a rounding b
   otherwise (128x128 blocks): s (G, RB, CB), one per tile, and st (G, CB, RB), the same scales (a transposed block
     has the block's amax).
 RB = cdiv(R, 128), CB = cdiv(C, 128). Elements past R or C are read as zeros and not written. A block holding NaN
-gets a NaN scale and NaN values, one holding inf (and no NaN) an inf scale, zeros and NaN where x is inf, as
-jgmm.quantize's division gives. x is 2-byte with
-128x128 blocks: for float32 x one of the two stores wrote wrong values on an H100 (Triton 3.6, whether or not q and
-qt were one value), so jgmm quantises float32 weights through XLA. This is what
+gets a NaN scale and NaN values (the zero padding of a grouped transposed block too), one holding inf (and no NaN)
+an inf scale, zeros and NaN where x is inf, as jgmm.quantize's division gives. On CUDA the grouped quantisation
+runs quantize_pair_grouped_lanes_kernel (Gluon, at the end of this file), elsewhere quantize_pair_grouped_kernel.
+x is 2-byte with 128x128 blocks: for float32 x one of the two stores wrote wrong values on an H100 (Triton 3.6,
+whether or not q and qt were one value), so jgmm quantises float32 weights through XLA. This is what
 DeepSeek-V3's training recipe quantises: activations 1x128 for the forward and their transpose for the weight
 gradient, weights 128x128 read K-major by one product and N-major by the other.
 """
@@ -115,7 +116,8 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr
 
 
 # quantize_pair_grouped_lanes_kernel (CUDA): 8 warps at most 128 registers each, two programs per SM. Measured
-# (H100, (32768, 4096) and (32768, 7168) bf16): 12% faster than quantize_pair_grouped_kernel, 78% of a copy's time.
+# (H100, (32768, C) bf16, C 2048-7168): 14-18% faster than quantize_pair_grouped_kernel, 77-80% of the throughput
+# of a copy of the same bytes (docs/experiments/quantize_ab.py).
 LANES_WARPS = 8
 LANES_MAXNREG = 128
 
@@ -143,8 +145,8 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, 
                                        TILE_T: gl.constexpr):
   """quantize_pair_grouped_kernel's outputs (float8_e4m3fn q and qt) with a layout that stores both from registers
   (lanes_layouts; the plain kernel transposes through shared memory a byte at a time) and each row's and column's
-  scale and reciprocal computed once, by one thread, not by every thread holding the row or column. No clamp:
-  CUDA's conversion to FP8 saturates (cvt.rn.satfinite) and keeps NaN. One program per 128 columns and block,
+  scale and reciprocal computed by one thread (two at 8 warps), not by every thread holding the row or column.
+  No clamp: CUDA's conversion to FP8 saturates (cvt.rn.satfinite) and keeps NaN. One program per 128 columns and block,
   columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,)."""
   CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: gl.constexpr = PB * BLOCK
