@@ -552,28 +552,41 @@ def quantize_pair_grouped(x, blocks, *, dtype):
     return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
+  if (device.arch or "").startswith("sm"):
+    return _quantize_pair_lanes(x, blocks, padded_blocks * block, dtype)
   cb = geometry.cdiv(c, block)
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
                jax.ShapeDtypeStruct((c, padded_blocks * block), dtype),
                jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
-  sizes = dict(R=r, C=c, PB=padded_blocks, FMAX=quantize.FP8_MAX[dtype])
-  if (device.arch or "").startswith("sm"):
-    tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
-    return tuple(ffi.triton_call(
-        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, out_shape=out_shape,
-        grid=(cb * padded_blocks,), num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
-        name="jgmm_quantize_pair_grouped_lanes", TILE=tile, TILE_T=tile_t, **sizes))
   return tuple(ffi.triton_call(
       x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", **sizes))
+      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks,
+      FMAX=quantize.FP8_MAX[dtype]))
+
+
+def _quantize_pair_lanes(x, blocks, qt_rows, dtype):
+  """(q (R, C), scale (R, CB), qt (C, qt_rows), scale_t (C, PB)) of x (R, C) by quantize_pair_grouped_lanes_kernel
+  (CUDA), x's rows in the blocks (2, PB) int32."""
+  r, c = x.shape
+  cb, padded_blocks = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
+               jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
+  tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
+  return tuple(ffi.triton_call(
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, out_shape=out_shape,
+      grid=(cb * padded_blocks,), num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
+      name="jgmm_quantize_pair_lanes", R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
+      TILE=tile, TILE_T=tile_t))
 
 
 def quantize_pair(x, *, recipe, dtype):
-  """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel), where the FP8 format has a Triton kernel
-  on this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (the kernel's docstring says
-  why) through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
+  """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel; on CUDA with 1x128 blocks
+  quantize_pair_grouped_lanes_kernel, its blocks on the 128-row grid), where the FP8 format has a Triton kernel on
+  this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (the kernel's docstring says why)
+  through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
   dtype = jnp.dtype(dtype)
-  check_fp8_format(dtype, _device())
+  device = _device()
+  check_fp8_format(dtype, device)
   if x.size == 0 or (recipe == "128x128" and x.dtype.itemsize != 2):
     return backend_xla.quantize_pair(x, recipe=recipe, dtype=dtype)
   *batch, r, c = x.shape
@@ -581,6 +594,9 @@ def quantize_pair(x, *, recipe, dtype):
   block = quantize_kernels.BLOCK.value
   rb, cb = geometry.cdiv(r, block), geometry.cdiv(c, block)
   rowwise = recipe == "1x128"
+  if rowwise and (device.arch or "").startswith("sm"):
+    first = jnp.arange(rb, dtype=jnp.int32) * block
+    return _quantize_pair_lanes(x, jnp.stack([first, jnp.full_like(first, r)]), r, dtype)
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype),
                jax.ShapeDtypeStruct((r, cb) if rowwise else (*batch, rb, cb), jnp.float32),
                jax.ShapeDtypeStruct((*batch, c, r), dtype),

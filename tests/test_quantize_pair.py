@@ -251,7 +251,8 @@ class CrossLoweringTest(parameterized.TestCase):
 
   @parameterized.product(CASES, dtype=(jnp.bfloat16, jnp.float16, jnp.float32))
   def test_default_on_cuda(self, shape, recipe, dtype):
-    """The kernel, except for float32 x with 128x128 blocks (XLA's passes: triton_kernels/quantize.py says why)."""
+    """The kernel, except for float32 x with 128x128 blocks (XLA's passes: triton_kernels/quantize.py says why):
+    with 1x128 blocks the lanes kernel on the 128-row grid."""
     with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
         mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
       text = jax.jit(lambda x: jgmm.quantize_pair(x, recipe)).trace(
@@ -259,7 +260,8 @@ class CrossLoweringTest(parameterized.TestCase):
     kernel = recipe == "1x128" or dtype != jnp.float32
     self.assertEqual("triton_kernel_call" in text, kernel)
     self.assertEqual([c.args[0].__name__ for c in compile_kernel.call_args_list],
-                     ["quantize_pair_kernel"] if kernel else [])
+                     [] if not kernel else ["quantize_pair_grouped_lanes_kernel"] if recipe == "1x128"
+                     else ["quantize_pair_kernel"])
 
 
   @parameterized.parameters(jnp.bfloat16, jnp.float16, jnp.float32)
@@ -287,8 +289,13 @@ class CrossLoweringTest(parameterized.TestCase):
                           s((groups,), jnp.int32)).lower(lowering_platforms=("cuda",))
     kernels = [(c.args[0].__name__, c.args[2].get("ROWWISE")) for c in compile_kernel.call_args_list]
     self.assertIn(("tgmm_fp8_ws_kernel", None), kernels)
-    self.assertEqual(("quantize_pair_grouped_lanes_kernel", None) in kernels, grouped)
-    self.assertEqual(("quantize_pair_kernel", True) in kernels, not grouped)  # 1x128 (the weights' are 128x128)
+    # The grouped quantisation (PB past M's grid) or 1x128 on M's grid, both by the lanes kernel; the weights'
+    # 128x128 by quantize_pair_kernel.
+    lanes = [c.args[2]["PB"] for c in compile_kernel.call_args_list
+             if c.args[0].__name__ == "quantize_pair_grouped_lanes_kernel"]
+    self.assertEqual(len(lanes), 2)  # lhs and dout
+    self.assertTrue(all((pb > -(-m // 128)) == grouped for pb in lanes), lanes)
+    self.assertIn(("quantize_pair_kernel", False), kernels)
 
 
 @absltest.skipIf(not ON_GPU, "needs a GPU")

@@ -141,16 +141,17 @@ def lanes_layouts(num_warps: int):
 
 @gluon.jit
 def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: gl.constexpr,
-                                       C: gl.constexpr, PB: gl.constexpr, FMAX: gl.constexpr, TILE: gl.constexpr,
-                                       TILE_T: gl.constexpr):
+                                       C: gl.constexpr, PB: gl.constexpr, RT: gl.constexpr, FMAX: gl.constexpr,
+                                       TILE: gl.constexpr, TILE_T: gl.constexpr):
   """quantize_pair_grouped_kernel's outputs (float8_e4m3fn q and qt) with a layout that stores both from registers
   (lanes_layouts; the plain kernel transposes through shared memory a byte at a time) and each row's and column's
   scale and reciprocal computed by one thread (two at 8 warps), not by every thread holding the row or column.
   No clamp: CUDA's conversion to FP8 saturates (cvt.rn.satfinite) and keeps NaN. One program per 128 columns and block,
-  columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,)."""
+  columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,). qt (C, RT):
+  RT = 128 PB (quantize_pair_grouped_kernel's qt), or R with blocks on the 128-row grid (quantize_pair_kernel's
+  1x128 qt: blocks [128 b, R), PB = cdiv(R, 128)); qt's columns past RT are not written."""
   CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
-  RP: gl.constexpr = PB * BLOCK
-  OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RP) >= 2**31 else gl.int32
+  OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RT) >= 2**31 else gl.int32
   ONE: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])  # A row's or column's scale a thread.
   cb, pb = gl.program_id(0) % CB, gl.program_id(0) // CB
   first = gl.load(blocks_ptr + pb)
@@ -159,7 +160,7 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, 
   c_local = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, TILE))
   rows, cols = first + r_local, cb * BLOCK + c_local
   mask = gl.expand_dims((rows >= 0) & (rows < end), 1) & gl.expand_dims(cols < C, 0)
-  # 64-bit bases per tile, offsets within it in OFFSET: x and q at [r, c] -> r * C + c, qt at [c, r] -> c * RP + r.
+  # 64-bit bases per tile, offsets within it in OFFSET: x and q at [r, c] -> r * C + c, qt at [c, r] -> c * RT + r.
   tile = first.to(gl.int64) * C + cb * BLOCK
   offsets = gl.expand_dims(r_local.to(OFFSET), 1) * C + gl.expand_dims(c_local, 0)
   x = gl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(gl.float32)
@@ -175,6 +176,7 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, 
   qt = gl.convert_layout((x * gl.expand_dims(inverse_t, 0)).to(dtype), TILE_T)  # Registers renamed, no data moved.
   rt = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, TILE_T))
   ct = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, TILE_T))
-  tile_t = cb.to(gl.int64) * BLOCK * RP + pb * BLOCK
-  offsets_t = gl.expand_dims(ct.to(OFFSET), 0) * RP + gl.expand_dims(rt, 1)
-  gl.store(qt_ptr + tile_t + offsets_t, qt, mask=gl.expand_dims(cb * BLOCK + ct < C, 0))
+  tile_t = cb.to(gl.int64) * BLOCK * RT + pb * BLOCK
+  offsets_t = gl.expand_dims(ct.to(OFFSET), 0) * RT + gl.expand_dims(rt, 1)
+  gl.store(qt_ptr + tile_t + offsets_t, qt,
+           mask=gl.expand_dims(pb * BLOCK + rt < RT, 1) & gl.expand_dims(cb * BLOCK + ct < C, 0))

@@ -1,9 +1,10 @@
 """fp8_gmm's grouped quantisation (issue 15) on the dsv3 operands: the plain kernel (quantize_pair_grouped_kernel,
 the interpreter's and ROCm's) against the lanes kernel (CUDA's default), and a copy that reads and writes as many
-bytes (the roofline); outputs compared bit for bit (NONFINITE=1: with a NaN and an inf in x). The Gluon variants
+bytes (the roofline); outputs compared bit for bit (NONFINITE=1: with a NaN and an inf in x). PAIR=1: the same for
+quantize_pair's 1x128 (quantize_pair_kernel against the lanes kernel on the 128-row grid). The Gluon variants
 tried before the lanes kernel (32 lanes along the columns, a persistent TMA pipeline) are in commit ffa835d.
 
-    python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG,copy]
+    [PAIR=1] python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG,copy]
 """
 import os
 import sys
@@ -16,8 +17,19 @@ import numpy as np
 from jgmm import backend_triton, bench, ffi, fp8, timing
 from jgmm.triton_kernels import quantize as quantize_kernels
 
+PAIR = bool(os.environ.get("PAIR"))
 sizes = bench.Inputs(32768, 128, 128, 32).group_sizes
 blocks, _ = fp8._padded_groups(sizes, 32768)
+
+
+def plain_pair(x):
+  r, c = x.shape
+  rb, cb = -(-r // 128), -(-c // 128)
+  f8 = jnp.float8_e4m3fn
+  out_shape = [jax.ShapeDtypeStruct(x.shape, f8), jax.ShapeDtypeStruct((r, cb), jnp.float32),
+               jax.ShapeDtypeStruct((c, r), f8), jax.ShapeDtypeStruct((c, rb), jnp.float32)]
+  return tuple(ffi.triton_call(x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, 1),
+                               num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, FMAX=448.0, ROWWISE=True))
 
 
 def plain(x):
@@ -34,11 +46,14 @@ def compiled(variant, x):
   if variant == "copy":  # 2 bytes read and 2 written an element, as the quantisation.
     return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.int16) ^ 1).trace(x).lower().compile()
   if variant == "plain":
-    return jax.jit(plain).trace(x).lower().compile()
+    return jax.jit(plain_pair if PAIR else plain).trace(x).lower().compile()
   _, *geometry = variant.split("@")  # lanes[@WARPS@MAXNREG]
   warps, maxnreg = map(int, geometry) if geometry else (quantize_kernels.LANES_WARPS, quantize_kernels.LANES_MAXNREG)
   with mock.patch.object(quantize_kernels, "LANES_WARPS", warps), \
        mock.patch.object(quantize_kernels, "LANES_MAXNREG", maxnreg):
+    if PAIR:
+      return jax.jit(lambda a: backend_triton.quantize_pair(a, recipe="1x128", dtype=jnp.float8_e4m3fn)).trace(
+          x).lower().compile()
     return jax.jit(lambda a: backend_triton.quantize_pair_grouped(a, blocks, dtype=jnp.float8_e4m3fn)).trace(
         x).lower().compile()
 
