@@ -6,6 +6,7 @@ tried before the lanes kernel (32 lanes along the columns, a persistent TMA pipe
 
     [PAIR=1] python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG,copy]
 """
+import functools
 import os
 import sys
 from unittest import mock
@@ -13,6 +14,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+from triton.experimental.gluon import language as gl
 
 from jgmm import backend_triton, bench, ffi, fp8, timing
 from jgmm.triton_kernels import quantize as quantize_kernels
@@ -42,15 +44,31 @@ def plain(x):
                                grid=(pb, cb), num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=pb, FMAX=448.0))
 
 
+def tile_layouts(num_warps, warps_c):
+  """quantize_kernels.lanes_layouts with warps_c of the warps along the columns (a thread: 128 / 4 / (num_warps /
+  warps_c) rows of 128 / 8 / warps_c columns)."""
+  warps_r = num_warps // warps_c
+  rows, cols = 128 // 4 // warps_r, 128 // 8 // warps_c
+  powers = lambda n: [1 << b for b in range(n.bit_length() - 1)]
+  regs_r, regs_c = [[p, 0] for p in powers(rows)], [[0, p] for p in powers(cols)]
+  lane_bases = [[0, cols * p] for p in powers(8)] + [[rows * p, 0] for p in powers(4)]
+  warp_bases = [[0, 8 * cols * p] for p in powers(warps_c)] + [[4 * rows * p, 0] for p in powers(warps_r)]
+  tile = lambda regs: gl.DistributedLinearLayout(regs, lane_bases, warp_bases, [], [128, 128])
+  return tile(regs_c + regs_r), tile(regs_r + regs_c)
+
+
 def compiled(variant, x):
   if variant == "copy":  # 2 bytes read and 2 written an element, as the quantisation.
     return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.int16) ^ 1).trace(x).lower().compile()
   if variant == "plain":
     return jax.jit(plain_pair if PAIR else plain).trace(x).lower().compile()
-  _, *geometry = variant.split("@")  # lanes[@WARPS@MAXNREG]
-  warps, maxnreg = map(int, geometry) if geometry else (quantize_kernels.LANES_WARPS, quantize_kernels.LANES_MAXNREG)
+  _, *geometry = variant.split("@")  # lanes[@WARPS@MAXNREG[@WARPS_ALONG_COLUMNS]]
+  warps, maxnreg, *along = map(int, geometry) if geometry else (quantize_kernels.LANES_WARPS,
+                                                                 quantize_kernels.LANES_MAXNREG)
+  layouts = functools.partial(tile_layouts, warps_c=along[0]) if along else quantize_kernels.lanes_layouts
   with mock.patch.object(quantize_kernels, "LANES_WARPS", warps), \
-       mock.patch.object(quantize_kernels, "LANES_MAXNREG", maxnreg):
+       mock.patch.object(quantize_kernels, "LANES_MAXNREG", maxnreg), \
+       mock.patch.object(quantize_kernels, "lanes_layouts", layouts):
     if PAIR:
       return jax.jit(lambda a: backend_triton.quantize_pair(a, recipe="1x128", dtype=jnp.float8_e4m3fn)).trace(
           x).lower().compile()
