@@ -14,7 +14,6 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
-from triton.experimental.gluon import language as gl
 
 from jgmm import backend_triton, bench, ffi, fp8, timing
 from jgmm.triton_kernels import quantize as quantize_kernels
@@ -44,19 +43,6 @@ def plain(x):
                                grid=(pb, cb), num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=pb, FMAX=448.0))
 
 
-def tile_layouts(num_warps, warps_c):
-  """quantize_kernels.lanes_layouts with warps_c of the warps along the columns (a thread: 128 / 4 / (num_warps /
-  warps_c) rows of 128 / 8 / warps_c columns)."""
-  warps_r = num_warps // warps_c
-  rows, cols = 128 // 4 // warps_r, 128 // 8 // warps_c
-  powers = lambda n: [1 << b for b in range(n.bit_length() - 1)]
-  regs_r, regs_c = [[p, 0] for p in powers(rows)], [[0, p] for p in powers(cols)]
-  lane_bases = [[0, cols * p] for p in powers(8)] + [[rows * p, 0] for p in powers(4)]
-  warp_bases = [[0, 8 * cols * p] for p in powers(warps_c)] + [[4 * rows * p, 0] for p in powers(warps_r)]
-  tile = lambda regs: gl.DistributedLinearLayout(regs, lane_bases, warp_bases, [], [128, 128])
-  return tile(regs_c + regs_r), tile(regs_r + regs_c)
-
-
 def compiled(variant, x):
   if variant == "copy":  # 2 bytes read and 2 written an element, as the quantisation.
     return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.int16) ^ 1).trace(x).lower().compile()
@@ -65,7 +51,7 @@ def compiled(variant, x):
   _, *geometry = variant.split("@")  # lanes[@WARPS@MAXNREG[@WARPS_ALONG_COLUMNS]]
   warps, maxnreg, *along = map(int, geometry) if geometry else (quantize_kernels.LANES_WARPS,
                                                                  quantize_kernels.LANES_MAXNREG)
-  layouts = functools.partial(tile_layouts, warps_c=along[0]) if along else quantize_kernels.lanes_layouts
+  layouts = functools.partial(quantize_kernels.lanes_layouts, warps_c=along[0] if along else 2)
   with mock.patch.object(quantize_kernels, "LANES_WARPS", warps), \
        mock.patch.object(quantize_kernels, "LANES_MAXNREG", maxnreg), \
        mock.patch.object(quantize_kernels, "lanes_layouts", layouts):
