@@ -193,9 +193,10 @@ class InterpretedTest(QuantizePairTestBase):
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     os.environ.pop("JGMM_TARGET", None)
 
-  @parameterized.product(CASES, nonfinite=(False, True))
-  def test_kernel(self, shape, recipe, nonfinite):
-    """Every element and scale of both layouts, partial blocks at both edges, all-zero rows, NaN and inf."""
+  @parameterized.parameters(*CASES, dict(CASES[0], nonfinite=True), dict(CASES[2], nonfinite=True))
+  def test_kernel(self, shape, recipe, nonfinite=False):
+    """Every element and scale of both layouts, partial blocks at both edges, all-zero rows; NaN and inf in one case
+    per recipe."""
     x = self.operand(shape, nonfinite=nonfinite)
     g, r, c = (1, *shape) if len(shape) == 2 else shape
     rb, cb = -(-r // 128), -(-c // 128)
@@ -211,18 +212,19 @@ class InterpretedTest(QuantizePairTestBase):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
-  @parameterized.product(GROUPED, nonfinite=(False, True))
-  def test_grouped_kernel(self, sizes, m, nonfinite):
-    """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit."""
-    x = self.operand((m, 260), nonfinite=nonfinite)
+  @parameterized.parameters(*GROUPED, dict(GROUPED[2], nonfinite=True))
+  def test_grouped_kernel(self, sizes, m, nonfinite=False):
+    """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit, 130
+    columns (a partial block); NaN and inf in one case."""
+    x = self.operand((m, 130), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
     padded_blocks = blocks.shape[1]
-    out_shape = [jax.ShapeDtypeStruct((m, 260), jnp.float32), jax.ShapeDtypeStruct((m, 3), jnp.float32),
-                 jax.ShapeDtypeStruct((260, 128 * padded_blocks), jnp.float32),
-                 jax.ShapeDtypeStruct((260, padded_blocks), jnp.float32)]
+    out_shape = [jax.ShapeDtypeStruct((m, 130), jnp.float32), jax.ShapeDtypeStruct((m, 2), jnp.float32),
+                 jax.ShapeDtypeStruct((130, 128 * padded_blocks), jnp.float32),
+                 jax.ShapeDtypeStruct((130, padded_blocks), jnp.float32)]
     got = jax.jit(lambda x, blocks: ffi.triton_call(
         x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
-        grid=(padded_blocks, 3), num_warps=quantize_kernels.NUM_WARPS, R=m, C=260, PB=padded_blocks,
+        grid=(padded_blocks, 2), num_warps=quantize_kernels.NUM_WARPS, R=m, C=130, PB=padded_blocks,
         FMAX=448.0))(x, blocks)
     for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
