@@ -553,7 +553,7 @@ def quantize_pair_grouped(x, blocks, *, dtype):
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
   if (device.arch or "").startswith("sm"):
-    return _quantize_pair_lanes(x, blocks, padded_blocks * block, dtype)
+    return _quantize_pair_lanes(x, blocks, padded_blocks * block, dtype, "jgmm_quantize_pair_grouped_lanes")
   cb = geometry.cdiv(c, block)
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
                jax.ShapeDtypeStruct((c, padded_blocks * block), dtype),
@@ -564,7 +564,7 @@ def quantize_pair_grouped(x, blocks, *, dtype):
       FMAX=quantize.FP8_MAX[dtype]))
 
 
-def _quantize_pair_lanes(x, blocks, qt_rows, dtype):
+def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name):
   """(q (R, C), scale (R, CB), qt (C, qt_rows), scale_t (C, PB)) of x (R, C) by quantize_pair_grouped_lanes_kernel
   (CUDA), x's rows in the blocks (2, PB) int32."""
   r, c = x.shape
@@ -575,15 +575,15 @@ def _quantize_pair_lanes(x, blocks, qt_rows, dtype):
   return tuple(ffi.triton_call(
       x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, out_shape=out_shape,
       grid=(cb * padded_blocks,), num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
-      name="jgmm_quantize_pair_lanes", R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
+      name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
       TILE=tile, TILE_T=tile_t))
 
 
 def quantize_pair(x, *, recipe, dtype):
   """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel; on CUDA with 1x128 blocks
   quantize_pair_grouped_lanes_kernel, its blocks on the 128-row grid), where the FP8 format has a Triton kernel on
-  this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (the kernel's docstring says why)
-  through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
+  this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (triton_kernels/quantize.py's
+  docstring says why) through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
   dtype = jnp.dtype(dtype)
   device = _device()
   check_fp8_format(dtype, device)
@@ -596,7 +596,7 @@ def quantize_pair(x, *, recipe, dtype):
   rowwise = recipe == "1x128"
   if rowwise and (device.arch or "").startswith("sm"):
     first = jnp.arange(rb, dtype=jnp.int32) * block
-    return _quantize_pair_lanes(x, jnp.stack([first, jnp.full_like(first, r)]), r, dtype)
+    return _quantize_pair_lanes(x, jnp.stack([first, jnp.full_like(first, r)]), r, dtype, "jgmm_quantize_pair_lanes")
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype),
                jax.ShapeDtypeStruct((r, cb) if rowwise else (*batch, rb, cb), jnp.float32),
                jax.ShapeDtypeStruct((*batch, c, r), dtype),

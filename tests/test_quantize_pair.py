@@ -280,9 +280,9 @@ class CrossLoweringTest(parameterized.TestCase):
 
   @parameterized.parameters((32768, 32, True), (4096, 32, False))
   def test_recipe_on_cuda(self, m, groups, grouped):
-    """fp8_gmm's gradient quantises lhs and dout with each group padded to the 128-row grid (the grouped kernel)
-    where that adds at most a quarter to M (M >= 512 rows a group), on M's grid (quantize_pair_kernel) elsewhere;
-    its weight gradient runs the warp-specialised FP8 tgmm either way."""
+    """fp8_gmm's gradient quantises lhs and dout with each group padded to the 128-row grid (the lanes kernel's
+    padded blocks) where that adds at most a quarter to M (M >= 512 rows a group), on M's grid (the lanes kernel's
+    blocks of 128 rows) elsewhere; its weight gradient runs the warp-specialised FP8 tgmm either way."""
     s = jax.ShapeDtypeStruct
     grad = jax.grad(lambda x, w, sizes: jgmm.fp8_gmm(x, w, sizes).astype(jnp.float32).sum(), (0, 1))
     with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
@@ -305,7 +305,8 @@ class GpuTest(QuantizePairTestBase):
 
   @parameterized.parameters(*[  # Where the kernel runs (test_default_on_cuda).
       dict(case, dtype=dtype)
-      for case in (*CASES, dict(shape=(4096, 7168), recipe="1x128"), dict(shape=(4, 2048, 896), recipe="128x128"))
+      for case in (*CASES, dict(shape=(4096, 7168), recipe="1x128"), dict(shape=(50, 200), recipe="1x128"),
+                   dict(shape=(4, 2048, 896), recipe="128x128"))
       for dtype in (jnp.bfloat16, jnp.float16, jnp.float32) if case["recipe"] == "1x128" or dtype != jnp.float32])
   def test_kernel(self, shape, recipe, dtype):
     x = self.operand(shape, dtype)
@@ -327,7 +328,7 @@ class GpuTest(QuantizePairTestBase):
   def test_lanes_kernel(self, dtype, c, outside):
     """CUDA's grouped kernel (the lanes kernel, backend_triton's default there) against the plain one (checked
     against the oracle by InterpretedTest and test_grouped_kernel) bit for bit: each x dtype, column counts on and
-    off a thread's 4-column grid, blocks of groups or blocks reaching before row 0 and past R, NaN and inf; q and
+    off a thread's 8-column block, blocks of groups or blocks reaching before row 0 and past R, NaN and inf; q and
     scale on the rows the blocks hold (the others are not written)."""
     x = self.operand((1000, c), dtype, nonfinite=True)
     blocks = (jnp.asarray([[-50, 100, 250, 990], [60, 400, 251, 5000]], jnp.int32) if outside

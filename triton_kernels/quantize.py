@@ -13,7 +13,8 @@ differ by one FP8 step where x / scale lies within a float32 ulp of a rounding b
 RB = cdiv(R, 128), CB = cdiv(C, 128). Elements past R or C are read as zeros and not written. A block holding NaN
 gets a NaN scale and NaN values (the zero padding of a grouped transposed block too), one holding inf (and no NaN)
 an inf scale, zeros and NaN where x is inf, as jgmm.quantize's division gives. On CUDA the grouped quantisation
-runs quantize_pair_grouped_lanes_kernel (Gluon, at the end of this file), elsewhere quantize_pair_grouped_kernel.
+and quantize_pair's 1x128 run quantize_pair_grouped_lanes_kernel (Gluon, at the end of this file), elsewhere
+quantize_pair_grouped_kernel and quantize_pair_kernel.
 x is 2-byte with 128x128 blocks: for float32 x one of the two stores wrote wrong values on an H100 (Triton 3.6,
 whether or not q and qt were one value), so jgmm quantises float32 weights through XLA. This is what
 DeepSeek-V3's training recipe quantises: activations 1x128 for the forward and their transpose for the weight
@@ -124,12 +125,13 @@ LANES_MAXNREG = 128
 
 def lanes_layouts(num_warps: int, warps_c: int = 2):
   """(TILE, TILE_T) of quantize_pair_grouped_lanes_kernel (num_warps a power of two up to 32): a 128 x 128 tile
-  over 4 x 8 lanes (rows x columns) and the warps (min(num_warps, warps_c) along the columns, at most 4), each
+  over 4 x 8 lanes (rows x columns) and the warps (min(num_warps, warps_c) along the columns: a power of two up
+  to 16), each
   thread holding a block of rows x columns of it; TILE orders a thread's registers along the columns (x's loads and
   q's stores), TILE_T the same elements along the rows (qt's stores: its rows are x's columns), so the transpose
   moves no data between threads."""
   # At 8 warps a thread's 8 x 8 block: 16-byte loads of x, 8-byte stores of q's and qt's rows (H100: 2-4% faster
-  # than 16 x 4 (warps_c 4), 4-byte stores of q; 4 x 16 (warps_c 1), 4-byte stores of qt's rows, 25-35% slower).
+  # than 16 x 4 (warps_c 4), 4-byte stores of q; 4 x 16 (warps_c 1), 4-byte stores of qt's rows, 25-37% slower).
   warps_c = min(num_warps, warps_c)
   warps_r = num_warps // warps_c
   rows, cols = 128 // 4 // warps_r, 128 // 8 // warps_c

@@ -4,7 +4,7 @@ bytes (the roofline); outputs compared bit for bit (NONFINITE=1: with a NaN and 
 quantize_pair's 1x128 (quantize_pair_kernel against the lanes kernel on the 128-row grid). The Gluon variants
 tried before the lanes kernel (32 lanes along the columns, a persistent TMA pipeline) are in commit ffa835d.
 
-    [PAIR=1] python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG,copy]
+    [PAIR=1] python docs/experiments/quantize_ab.py [plain,lanes,lanes@WARPS@MAXNREG[@WARPS_ALONG_COLUMNS],copy]
 """
 import functools
 import os
