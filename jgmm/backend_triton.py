@@ -35,6 +35,10 @@ class _Device:
   num_sms: int
   tma: bool  # whether gmm/masked_gmm may load through host-side tensor descriptors (TMA)
 
+  @property
+  def cuda(self) -> bool:
+    return (self.arch or "").startswith("sm")
+
 
 def _host_tma(capability):
   """Whether this CUDA device and jaxlib support host-side tensor descriptors (sm_90+, jaxlib >= 0.11)."""
@@ -323,7 +327,7 @@ def fp8_recipe(lhs_blocks, rhs_blocks):
 
 def check_fp8_format(dtype, device):
   """FP8 kernels take the GPU's own format: float8_e4m3fnuz is ROCm's, which CUDA's tensor cores do not read."""
-  if (device.arch or "").startswith("sm") and jnp.dtype(dtype) == jnp.float8_e4m3fnuz:
+  if device.cuda and jnp.dtype(dtype) == jnp.float8_e4m3fnuz:
     raise TypeError(f"float8_e4m3fnuz operands (ROCm's FP8 format) have no Triton kernel on CUDA ({device.arch}): "
                     "quantise to float8_e4m3fn (jgmm.quantize(x, recipe, jnp.float8_e4m3fn)) or pass backend='xla'")
 
@@ -552,16 +556,22 @@ def quantize_pair_grouped(x, blocks, *, dtype):
     return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
-  if (device.arch or "").startswith("sm"):
+  if device.cuda:
     return _quantize_pair_lanes(x, blocks, padded_blocks * block, dtype, "jgmm_quantize_pair_grouped_lanes")
-  cb = geometry.cdiv(c, block)
-  out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-               jax.ShapeDtypeStruct((c, padded_blocks * block), dtype),
-               jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
   return tuple(ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-      num_warps=quantize_kernels.NUM_WARPS, name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks,
-      FMAX=quantize.FP8_MAX[dtype]))
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel,
+      out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, dtype),
+      grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
+      name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=quantize.FP8_MAX[dtype]))
+
+
+def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
+  """The outputs of a 1x128 quantisation of x (R, C) in both layouts: q (R, C), scale (R, CB), qt (C, qt_rows),
+  scale_t (C, padded_blocks)."""
+  r, c = x.shape
+  cb = geometry.cdiv(c, quantize_kernels.BLOCK.value)
+  return [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
+          jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
 
 
 def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name):
@@ -569,12 +579,11 @@ def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name):
   (CUDA), x's rows in the blocks (2, PB) int32."""
   r, c = x.shape
   cb, padded_blocks = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
-  out_shape = [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-               jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
   tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
   return tuple(ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, out_shape=out_shape,
-      grid=(cb * padded_blocks,), num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
+      out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype), grid=(cb * padded_blocks,),
+      num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
       name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
       TILE=tile, TILE_T=tile_t))
 
@@ -594,9 +603,10 @@ def quantize_pair(x, *, recipe, dtype):
   block = quantize_kernels.BLOCK.value
   rb, cb = geometry.cdiv(r, block), geometry.cdiv(c, block)
   rowwise = recipe == "1x128"
-  if rowwise and (device.arch or "").startswith("sm"):
+  if rowwise and device.cuda:
     first = jnp.arange(rb, dtype=jnp.int32) * block
-    return _quantize_pair_lanes(x, jnp.stack([first, jnp.full_like(first, r)]), r, dtype, "jgmm_quantize_pair_lanes")
+    blocks = jnp.stack([first, jnp.full_like(first, r)])  # [128 b, R): M's grid.
+    return _quantize_pair_lanes(x, blocks, r, dtype, "jgmm_quantize_pair_lanes")
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype),
                jax.ShapeDtypeStruct((r, cb) if rowwise else (*batch, rb, cb), jnp.float32),
                jax.ShapeDtypeStruct((*batch, c, r), dtype),

@@ -84,6 +84,19 @@ def grouped_oracle(x, blocks, fmax):
   return (*kernel_oracle(x, "1x128", fmax)[:2], *kernel_oracle(regrouped, "1x128", fmax)[2:])
 
 
+def plain_grouped_kernel(x, blocks, out_dtype):
+  """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) of x (R, C), q and qt in out_dtype (float32 under the
+  interpreter, whose FP8 casts are not trusted)."""
+  r, c = x.shape
+  padded_blocks, cb = blocks.shape[1], -(-c // 128)
+  out_shape = [jax.ShapeDtypeStruct((r, c), out_dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
+               jax.ShapeDtypeStruct((c, 128 * padded_blocks), out_dtype),
+               jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
+  return jax.jit(lambda x, blocks: ffi.triton_call(
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
+      num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=padded_blocks, FMAX=448.0))(x, blocks)
+
+
 class QuantizePairTestBase(parameterized.TestCase):
 
   def setUp(self):
@@ -218,14 +231,7 @@ class InterpretedTest(QuantizePairTestBase):
     columns (a partial block); NaN and inf in one case."""
     x = self.operand((m, 130), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
-    padded_blocks = blocks.shape[1]
-    out_shape = [jax.ShapeDtypeStruct((m, 130), jnp.float32), jax.ShapeDtypeStruct((m, 2), jnp.float32),
-                 jax.ShapeDtypeStruct((130, 128 * padded_blocks), jnp.float32),
-                 jax.ShapeDtypeStruct((130, padded_blocks), jnp.float32)]
-    got = jax.jit(lambda x, blocks: ffi.triton_call(
-        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
-        grid=(padded_blocks, 2), num_warps=quantize_kernels.NUM_WARPS, R=m, C=130, PB=padded_blocks,
-        FMAX=448.0))(x, blocks)
+    got = plain_grouped_kernel(x, blocks, jnp.float32)
     for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
@@ -235,11 +241,7 @@ class InterpretedTest(QuantizePairTestBase):
     backend does."""
     x = self.operand((200, 130))
     blocks = jnp.asarray([[-50, 100, 250], [60, 400, 251]], jnp.int32)
-    out_shape = [jax.ShapeDtypeStruct((200, 130), jnp.float32), jax.ShapeDtypeStruct((200, 2), jnp.float32),
-                 jax.ShapeDtypeStruct((130, 384), jnp.float32), jax.ShapeDtypeStruct((130, 3), jnp.float32)]
-    got = jax.jit(lambda x, blocks: ffi.triton_call(
-        x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(3, 2),
-        num_warps=quantize_kernels.NUM_WARPS, R=200, C=130, PB=3, FMAX=448.0))(x, blocks)
+    got = plain_grouped_kernel(x, blocks, jnp.float32)
     regrouped = np.zeros((384, 130), np.float32)
     regrouped[50:110] = np.asarray(x[:60], np.float32)  # block 0: rows -50..77 of which 0..59
     regrouped[128:228] = np.asarray(x[100:200], np.float32)  # block 1: rows 100..199
@@ -333,13 +335,7 @@ class GpuTest(QuantizePairTestBase):
     x = self.operand((1000, c), dtype, nonfinite=True)
     blocks = (jnp.asarray([[-50, 100, 250, 990], [60, 400, 251, 5000]], jnp.int32) if outside
               else blocks_of((0, 1, 127, 128, 129, 300), 1000))
-    padded_blocks, cb = blocks.shape[1], -(-c // 128)
-    out_shape = [jax.ShapeDtypeStruct((1000, c), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((1000, cb), jnp.float32),
-                 jax.ShapeDtypeStruct((c, 128 * padded_blocks), jnp.float8_e4m3fn),
-                 jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
-    plain = jax.jit(lambda x, b: ffi.triton_call(
-        x, b, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-        num_warps=quantize_kernels.NUM_WARPS, R=1000, C=c, PB=padded_blocks, FMAX=448.0))(x, blocks)
+    plain = plain_grouped_kernel(x, blocks, jnp.float8_e4m3fn)
     lanes = jax.jit(lambda x, b: fp8._quantize_pair_grouped_p(x, b, dtype=jnp.float8_e4m3fn, backend="triton"))(
         x, blocks)
     first, end = np.asarray(blocks)
