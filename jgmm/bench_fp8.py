@@ -155,13 +155,8 @@ def bench_recipe(name, m, k, n, g):
   weights in the call, and given them quantised ahead (rhs_fp8 = jgmm.quantize_weights(w), made outside the timed
   call: the cost per micro-batch where a step's micro-batches reuse the weights)."""
   inp = bench.Inputs(m, k, n, g)
-
-  def fwd_bwd(fn):
-    return jax.jit(jax.value_and_grad(lambda x, w, gs, dout, *ahead: bench._loss(fn(x, w, gs, *ahead), dout),
-                                      argnums=(0, 1)))
-
-  fp8, bf16 = fwd_bwd(jgmm.fp8_gmm), fwd_bwd(jgmm.gmm)
-  fp8_ahead = fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
+  fp8, bf16 = bench.fwd_bwd(jgmm.fp8_gmm), bench.fwd_bwd(jgmm.gmm)
+  fp8_ahead = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
   weights = jax.jit(jgmm.quantize_weights)(inp.w)
   ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),

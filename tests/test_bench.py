@@ -2,7 +2,8 @@
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
 jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select; the
-FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead, beside gmm (tiny, CPU)."""
+FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead, beside gmm (tiny, CPU);
+bench.fwd_bwd's forward and backward for a given output cotangent."""
 import functools
 import io
 import os
@@ -15,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from jgmm import bench, bench_fp8, bench_hetero, bench_tuned, config_table, timing, tune
+import jgmm
+from jgmm import bench, bench_fp8, bench_hetero, bench_tuned, config_table, oracle, timing, tune
 
 
 def _results():
@@ -60,6 +62,23 @@ class BenchTunedTest(absltest.TestCase):
       heuristic = kernels()
     self.assertEqual([t + 1 for t in tuned], heuristic)  # forward and forward+backward: one Triton kernel fewer
     self.assertEqual(kernels(runs=3), [3 * t for t in tuned])  # chained: every run's kernels, none merged
+
+
+class FwdBwdTest(absltest.TestCase):
+
+  def test_the_forward_and_the_backward_for_the_given_output_cotangent(self):
+    """bench.fwd_bwd(gmm): (out, d lhs, d rhs) for the cotangent dout (what torch's out.backward(dout) gives),
+    against the float64 oracle; a group left empty."""
+    rng = np.random.default_rng()
+    m, k, n, g = 40, 24, 16, 3
+    x, dout = (rng.standard_normal(shape).astype(np.float32) for shape in ((m, k), (m, n)))
+    w = rng.standard_normal((g, k, n)).astype(np.float32)
+    sizes = np.array([25, 0, 15], np.int32)
+    out, dx, dw = bench.fwd_bwd(jgmm.gmm)(x, w, jnp.asarray(sizes), dout)
+    w_t = np.swapaxes(w, 1, 2)
+    for actual, expected in ((out, oracle.gmm(x, w, sizes)), (dx, oracle.gmm(dout, w_t, sizes)),
+                             (dw, oracle.tgmm(x, dout, sizes, transpose_lhs=True)[0])):
+      np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
 
 class ChainTest(absltest.TestCase):

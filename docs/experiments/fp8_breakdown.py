@@ -50,8 +50,7 @@ def recipe(name, m, k, n, g):
   pair_grouped = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, blocks, dtype=jnp.float8_e4m3fn, backend=None))
   _, _, xpt, xpts = pair_grouped(x)
   _, _, dpt, dpts = pair_grouped(dout)
-  fb = lambda fn: jax.jit(jax.value_and_grad(lambda x, w, gs, d: bench._loss(fn(x, w, gs), d), argnums=(0, 1)))
-  fp8_fb, bf16_fb = fb(jgmm.fp8_gmm), fb(jgmm.gmm)
+  fp8_fb, bf16_fb = bench.fwd_bwd(jgmm.fp8_gmm), bench.fwd_bwd(jgmm.gmm)
   s = timing.jax_sync
   fns = {
       "q x 1x128": (lambda: q_rows(x), s),

@@ -30,10 +30,8 @@ for name, m, k, n, g in bench.CASES:
   if name not in ("dsv3-ep8-gateup", "dsv3-ep8-down"):
     continue
   inp = bench.Inputs(m, k, n, g)
-  fwd_bwd = lambda fn: jax.jit(jax.value_and_grad(
-      lambda x, w, gs, dout, *ahead: bench._loss(fn(x, w, gs, *ahead), dout), argnums=(0, 1)))
-  fp8 = fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
-  bf16 = fwd_bwd(jgmm.gmm)
+  fp8 = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
+  bf16 = bench.fwd_bwd(jgmm.gmm)
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
   weights = jax.jit(jgmm.quantize_weights)(inp.w)
   for _ in range(2):
