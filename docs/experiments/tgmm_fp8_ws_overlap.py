@@ -1,0 +1,233 @@
+"""Experiment (issue 15, session 23; rejected before timing): tgmm_fp8_ws_kernel with the 128-wide tile's epilogue
+overlapped with the next tile's first product: each consumer issues the next tile's first wgmmas, then stores the
+previous tile's accumulator. `python docs/experiments/tgmm_fp8_ab.py sass tree@128@5,overlap@128@5` (CPU): ptxas
+injects a warpgroup.wait (C7517) right after those wgmmas (HHHHw0x0), i.e. no overlap.
+
+tgmm_fp8_ws_kernel: the Hopper (sm_90) FP8 tgmm with 128x1 scales, warp-specialised in Gluon.
+
+out[g] (K, N) = (lhs * lhs_scale)[:, rows of g] @ ((rhs * rhs_scale)[:, rows of g]).T: lhs (K, M) and rhs (N, M)
+FP8, both M-contiguous (the contraction runs along M: K-major operands, the only ones Hopper's FP8 wgmma reads),
+scales float32 (MB, K) and (MB, N) per 128 rows of M on M's global grid (gmm_fp8.py's tgmm), MB = cdiv(M, 128);
+out (G, K, N) viewed (G * K, N).
+
+gmm_fp8_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N (128 or 256): t = program id,
++ programs, ...; tile t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are consecutive:
+its rows stay in L2). A TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K
+rows [64 H, 64 H + 64) of the tile, reduce the 128-row steps of M that hold rows of the group, on the scale grid:
+steps [start // 128, cdiv(end, 128)). Per step and 128 columns, the wgmmas start from zero and a float32
+accumulator takes the product times sa[:, None] * sb[None, :] after the wait (promotion, as in gmm_fp8_ws); a
+256-wide tile does its two column halves one after the other (two float32 accumulators and one product fit the
+registers; two products would not), so each step reads the lhs tile once for 256 columns. A 128-wide tile keeps
+two products in flight instead: each consumer issues step s + 1's wgmmas before it waits for step s's and promotes
+them (one float32 accumulator and two products fit), so its tensor cores run while it promotes (+24% on the H200
+without the zeroing below, docs/perf-notes.md "Session 21"). A group's first and last steps also hold rows of other
+groups (or rows of none) unless its rows start and end on the 128-row grid (fp8_gmm's backward pads each group to
+it): before its wgmma, each consumer zeroes those columns of its own lhs half in shared memory (the loader copies
+all 128 rows of a step; TMA reads zeros past M). A tile of an empty group stores zeros without loading.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
+
+# A barrier of the partition's warps: Triton 3.6's name, renamed after it.
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
+MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
+# A step's scale rows (1 x 128 of lhs_scale, 1 x BLOCK_N of rhs_scale) come by TMA into unswizzled shared memory.
+SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@gluon.jit
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
+  """(group, K tile, N tile, the group's first row, its end, its first step, its steps, K rows in the tile) of
+  tile t."""
+  num_k: gl.constexpr = (K + BLOCK - 1) // BLOCK
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  g = t // (num_k * num_n)
+  ki = t % (num_k * num_n) // num_n
+  start = gl.load(bounds_ptr + g)
+  end = gl.load(bounds_ptr + g + 1)
+  first = start // BLOCK
+  steps = ((end + BLOCK - 1) // BLOCK - first) * (end > start).to(gl.int32)
+  return g, ki, t % num_n, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
+            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr):
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
+  # One lhs half, the rhs tile and both scale rows.
+  half_bytes: gl.constexpr = (lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
+                              + sb_desc.block_type.nbytes)
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
+    for kk in range(steps):
+      slot = step % S
+      m0 = (first + kk) * BLOCK
+      mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+      mbarrier.expect(ready.index(slot), half_bytes + lhs_desc.block_type.nbytes, pred=both)
+      mbarrier.expect(ready.index(slot), half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [ki * BLOCK, m0], ready.index(slot), a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [ki * BLOCK + HALF, m0], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
+      _tma_load(rhs_desc, [ni * BLOCK_N, m0], ready.index(slot), b_bufs.index(slot))
+      _tma_load(sa_desc, [first + kk, ki * BLOCK], ready.index(slot), sa_bufs.index(slot))
+      _tma_load(sb_desc, [first + kk, ni * BLOCK_N], ready.index(slot), sb_bufs.index(slot))
+      step += 1
+
+
+@gluon.jit
+def _zero_other_rows(a_buf, m0, start, end):
+  """Zeroes the columns of a_buf (64 K rows x 128 rows of M from m0) outside the group's rows [start, end)."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+  cols = m0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, layout))
+  keep = gl.expand_dims((cols >= start) & (cols < end), 0)
+  a = a_buf.load(layout)
+  a_buf.store(gl.where(keep, a, gl.zeros_like(a)))
+  fence_async_shared()  # The wgmma reads a_buf through the async proxy.
+  _partition_barrier()  # Every warp of the warpgroup has written its part.
+
+
+@gluon.jit
+def _add_scaled(acc, a, b, sa, sb_buf):
+  """acc + (a @ b) * sa[:, None] * sb[None, :], the product's wgmmas from zero (promotion). The column scales sb
+  (32 registers a thread) are read from sb_buf while the wgmmas run: two accumulators, a product and one sb fit."""
+  product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+  sb = sb_buf.load(gl.SliceLayout(0, acc.type.layout))
+  product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+  return acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+
+
+@gluon.jit
+def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.constexpr):
+  """This consumer's lhs half of stage `step` once it has landed, other groups' rows zeroed (m0: its first row)."""
+  slot = step % S
+  mbarrier.wait(ready.index(slot), (step // S) & 1)
+  a = a_bufs.index(2 * slot + H)
+  if (m0 < start) | (m0 + BLOCK > end):
+    _zero_other_rows(a, m0, start, end)
+  return a
+
+
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready, acc, step, m0, start, end, S: gl.constexpr, H: gl.constexpr):
+  """Issues the product of stage `step` (128 wide) once its lhs half is ready; returns it in flight."""
+  a = _ready_lhs(a_bufs, ready, step, m0, start, end, S, H)
+  return warpgroup_mma(a, b_bufs.index(step % S).permute((1, 0)), acc, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _retire(acc, product, sa_bufs, sb_bufs, empty, step, outstanding: gl.constexpr, S: gl.constexpr,
+            H: gl.constexpr):
+  """acc + product * sa[:, None] * sb[None, :] with stage `step`'s scales once the product is done (`outstanding`
+  later products still in flight); releases the stage."""
+  product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
+  slot = step % S
+  sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(gl.SliceLayout(1, acc.type.layout))
+  sb = sb_bufs.index(slot).reshape([BLOCK]).load(gl.SliceLayout(0, acc.type.layout))
+  acc = acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+  mbarrier.arrive(empty.index(slot))
+  return acc
+
+
+@gluon.jit
+def _retire_first(product, sa_bufs, sb_bufs, empty, step, outstanding: gl.constexpr, S: gl.constexpr,
+                  H: gl.constexpr):
+  """product * sa[:, None] * sb[None, :]: a tile's first step retired (no zero accumulator)."""
+  product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
+  slot = step % S
+  sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(gl.SliceLayout(1, product.type.layout))
+  sb = sb_bufs.index(slot).reshape([BLOCK]).load(gl.SliceLayout(0, product.type.layout))
+  acc = product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+  mbarrier.arrive(empty.index(slot))
+  return acc
+
+
+@gluon.jit
+def _reduce_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, prev, step, first, steps, start, end,
+                       prev_row, prev_col, prev_rows, out_ptr, out_desc, c_buf, N: gl.constexpr,
+                       OUT_LAYOUT: gl.constexpr, S: gl.constexpr, H: gl.constexpr):
+  """acc after the tile's steps (steps > 0), 128 wide, two products in flight; the previous tile's accumulator
+  `prev` (prev_rows > 0) is stored once this tile's first product is issued."""
+  p0 = _issue(a_bufs, b_bufs, ready, gl.zeros_like(prev), step, first * BLOCK, start, end, S, H)
+  if prev_rows > 0:
+    store_half(out_ptr, out_desc, c_buf, prev, prev_row, prev_col, prev_rows, N, BLOCK, OUT_LAYOUT)
+  if steps == 1:
+    acc = _retire_first(p0, sa_bufs, sb_bufs, empty, step, 0, S, H)
+  else:
+    p1 = _issue(a_bufs, b_bufs, ready, prev, step + 1, (first + 1) * BLOCK, start, end, S, H)
+    acc = _retire_first(p0, sa_bufs, sb_bufs, empty, step, 1, S, H)
+    for j in range((steps - 2) // 2):
+      kk = 2 * j + 2
+      p0 = _issue(a_bufs, b_bufs, ready, acc, step + kk, (first + kk) * BLOCK, start, end, S, H)
+      acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + kk - 1, 1, S, H)
+      p1 = _issue(a_bufs, b_bufs, ready, acc, step + kk + 1, (first + kk + 1) * BLOCK, start, end, S, H)
+      acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + kk, 1, S, H)
+    if steps % 2 == 1:
+      p0 = _issue(a_bufs, b_bufs, ready, acc, step + steps - 1, (first + steps - 1) * BLOCK, start, end, S, H)
+      acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + steps - 2, 1, S, H)
+      acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+    else:
+      acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+  return acc
+
+
+@gluon.jit
+def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr,
+              K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+              H: gl.constexpr):
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 32])
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
+  out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
+  c_buf = c_bufs.index(H)
+  step = 0
+  prev = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
+  prev_row = 0
+  prev_col = 0
+  prev_rows = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+    if (half_rows > 0) & (steps > 0):
+      acc = _reduce_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, prev, step, first, steps, start, end,
+                               prev_row, prev_col, prev_rows, out_ptr, out_desc, c_buf, N, OUT_LAYOUT, S, H)
+    else:
+      if steps > 0:  # The other half has K rows: keep in step with the stages it consumes.
+        release_stages(ready, empty, step, steps, S)
+      if prev_rows > 0:
+        store_half(out_ptr, out_desc, c_buf, prev, prev_row, prev_col, prev_rows, N, BLOCK, OUT_LAYOUT)
+      acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
+    step += steps
+    prev = acc
+    prev_row = g * K + ki * BLOCK + H * HALF
+    prev_col = ni * BLOCK_N
+    prev_rows = half_rows
+  if prev_rows > 0:
+    store_half(out_ptr, out_desc, c_buf, prev, prev_row, prev_col, prev_rows, N, BLOCK, OUT_LAYOUT)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
+                       N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
+  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
+  int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
+  shared-memory layout OUT_LAYOUT)."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], SCALE_LAYOUT)
+  sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
+  gl.warp_specialize([
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 0)),
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
+                 K, N, BLOCK_N, S)),
+  ], [4, 1], [240, 24])
