@@ -5,8 +5,9 @@ importable) OpenAI's triton_kernels.
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (the forward and the backward for a given output cotangent dout: jax.vjp, and torch's
-out.backward(dout)) side by side in one process. Prints ms (median of timed batches), TFLOP/s, % of speed of light (speed_of_light_ms with the H200
-ceilings of moe_shapes.py, and with this GPU's own, measured at start by measure_ceilings) and ratios; writes
+out.backward(dout)) side by side in one process. Prints ms (median of timed batches), TFLOP/s, % of speed of light
+(speed_of_light_ms with the H200 ceilings of moe_shapes.py, and with this GPU's own, measured at start by
+measure_ceilings) and ratios; writes
 bench.json (and bench.png if matplotlib imports: the [bench] extra) to --out and says where. Timing
 (jgmm.timing): wall clock around a batch of asynchronous calls ended by one synchronisation (the same for JAX
 and torch), median of several batches, after warm-up.
