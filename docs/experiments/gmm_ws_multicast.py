@@ -309,21 +309,23 @@ def product(transpose_rhs, backend, config=None, out_dtype=jnp.bfloat16):
                                           preferred_element_type=out_dtype, config=config, backend=backend)
 
 
-def check():
+def check(configs=None, launches_of=None, sizes=SIZES):
   """Each of CHECK_CASES on the GPU with this kernel patched in, against backend="xla" with float32 out: relative
   error (Frobenius, as the repository's GPU tests) and PASS (< 1e-2, their bf16 bound, this kernel launched, rows
-  outside the groups zeros in both) or FAIL."""
+  outside the groups zeros in both) or FAIL. configs {BLOCK_N: Config} and launches_of (a Launches class) default
+  to this file's; sizes: the group sizes (as many as SIZES; gmm_ws_multicast_rhs.py passes its own of each)."""
+  configs, launches_of = configs or MC_CONFIGS, launches_of or Launches
   from jgmm import oracle
   print(jax.devices()[0].device_kind, flush=True)
   failed = 0
   start = time.time()
   for m, k, n, transpose_rhs, block_n in CHECK_CASES:
-    args = case_args(m, k, n, transpose_rhs)
+    args = (*case_args(m, k, n, transpose_rhs)[:2], jnp.asarray(sizes, jnp.int32))
     ref = np.asarray(jax.jit(product(transpose_rhs, "xla", out_dtype=jnp.float32))(*args), np.float32)
-    with Launches() as launches:
-      f = jax.jit(product(transpose_rhs, "triton", MC_CONFIGS[block_n])).trace(*args).lower().compile()
+    with launches_of() as launches:
+      f = jax.jit(product(transpose_rhs, "triton", configs[block_n])).trace(*args).lower().compile()
     out = np.asarray(f(*args), np.float32)
-    first, last = SIZES[0], sum(SIZES)
+    first, last = sizes[0], sum(sizes)
     zeros = all(np.all(x[:first] == 0) and np.all(x[last:] == 0) for x in (out, ref))
     err = oracle.rel_err(out, ref) if np.all(np.isfinite(out)) else float("inf")
     ok = err < 1e-2 and zeros and launches.count == 1
@@ -338,9 +340,11 @@ def check():
 TIME_CASES = ("mixtral8x7b-w1", "dsv3-ep8-gateup", "dsv3-ep8-down")
 
 
-def time_ab(names=TIME_CASES, variants=("table", "ws", "mc")):
+def time_ab(names=TIME_CASES, variants=("table", "ws", "mc"), more_configs=None, more_launchers=None):
   """ws_ab.py's A/B of backend_triton.gmm (precomputed bounds, bf16 out) with `variants` (see the module's
-  docstring), forward and d lhs, timed interleaved: a markdown table at the end."""
+  docstring), forward and d lhs, timed interleaved: a markdown table at the end. more_configs {variant: Config} and
+  more_launchers {variant: Launches class} add another file's kernels (gmm_ws_multicast_rhs.py's)."""
+  launchers = {"mc": Launches, "mc128": Launches, **(more_launchers or {})}
   from jgmm import backend_triton, config_table, oracle
   from jgmm.bench import CASES, Inputs, measure_ceilings, speed_of_light_ms
   from jgmm.ops import group_bounds
@@ -358,7 +362,8 @@ def time_ab(names=TIME_CASES, variants=("table", "ws", "mc")):
       kk, nn = (n, k) if tr else (k, n)
       table = config_table.select(config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=tr),
                                   arch="sm90").config
-      configs = {"table": table, "ws": ws_config(), "mc": MC_CONFIGS[256], "mc128": MC_CONFIGS[128]}
+      configs = {"table": table, "ws": ws_config(), "mc": MC_CONFIGS[256], "mc128": MC_CONFIGS[128],
+                 **(more_configs or {})}
       fns, ref = {}, None
       for variant in variants:
         f = functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=tr,
@@ -366,8 +371,8 @@ def time_ab(names=TIME_CASES, variants=("table", "ws", "mc")):
                               config=configs[variant])
         t0 = time.time()
         try:
-          if variant.startswith("mc"):
-            with Launches() as launches:
+          if variant in launchers:
+            with launchers[variant]() as launches:
               compiled = jax.jit(f).trace(lhs, inp.w, bounds).lower().compile()
             assert launches.count == 1, f"{variant}: the multicast kernel was not launched"
           else:

@@ -88,7 +88,6 @@ emulation writes every output element once and matches the float64 reference exa
 import functools
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +100,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # The lhs file, when imported from elsewhere.
 import gmm_ws_multicast as mc  # noqa: E402
 from gmm_ws_multicast import (MAXNREG, NUM_WARPS, ROW_SPLIT, SHARED, _layout, _release, case_args,  # noqa: E402
-                              product, ws_config)
+                              ws_config)
 
 from jgmm import ffi  # noqa: E402
 from jgmm.triton_kernels import geometry, gmm_ws  # noqa: E402
@@ -295,86 +294,14 @@ SIZES = [37, 300, 0, 40, 450, 100]
 
 
 def check():
-  """The lhs file's check with this kernel patched in on SIZES (the same number of groups as the lhs file's):
-  relative error against backend="xla" with float32 out, PASS (< 1e-2, this kernel launched, rows outside the
-  groups zeros in both) or FAIL."""
-  from jgmm import oracle
-  print(jax.devices()[0].device_kind, flush=True)
-  failed = 0
-  start = time.time()
-  for m, k, n, transpose_rhs, block_n in mc.CHECK_CASES:
-    lhs, rhs, _ = case_args(m, k, n, transpose_rhs)
-    args = (lhs, rhs, jnp.asarray(SIZES, jnp.int32))
-    ref = np.asarray(jax.jit(product(transpose_rhs, "xla", out_dtype=jnp.float32))(*args), np.float32)
-    with Launches() as launches:
-      f = jax.jit(product(transpose_rhs, "triton", MCR_CONFIGS[block_n])).trace(*args).lower().compile()
-    out = np.asarray(f(*args), np.float32)
-    first, last = SIZES[0], sum(SIZES)
-    zeros = all(np.all(x[:first] == 0) and np.all(x[last:] == 0) for x in (out, ref))
-    err = oracle.rel_err(out, ref) if np.all(np.isfinite(out)) else float("inf")
-    ok = err < 1e-2 and zeros and launches.count == 1
-    failed += not ok
-    print(f"{'PASS' if ok else 'FAIL'} M={m} K={k} N={n} transpose_rhs={transpose_rhs} BLOCK_N={block_n} "
-          f"(N/BLOCK_N={n / block_n:g}): rel error {err:.2e}, rows outside the groups zeros: {zeros}, "
-          f"launches of this kernel: {launches.count}", flush=True)
-  print(f"{'ALL PASS' if not failed else f'{failed} FAILED'} in {time.time() - start:.0f} s")
-  return failed
+  """The lhs file's check with this kernel (MCR_CONFIGS, this file's Launches, SIZES)."""
+  return mc.check(MCR_CONFIGS, Launches, SIZES)
 
 
 def time_ab(names=mc.TIME_CASES, variants=("table", "ws", "mc", "mcr")):
-  """The lhs file's time_ab with this kernel's variants beside its own (see the module's docstring)."""
-  from jgmm import backend_triton, config_table, oracle
-  from jgmm.bench import CASES, Inputs, measure_ceilings, speed_of_light_ms
-  from jgmm.ops import group_bounds
-  from jgmm.timing import jax_sync, time_interleaved
-  ceilings = measure_ceilings()
-  print(f"{jax.devices()[0].device_kind}; ceilings measured here: {ceilings[0] / 1e12:.0f} TFLOP/s bf16, "
-        f"{ceilings[1] / 1e12:.2f} TB/s", flush=True)
-  launchers = {"mc": mc.Launches, "mc128": mc.Launches, "mcr": Launches, "mcr128": Launches}
-  rows = []
-  for name, m, k, n, g in [c for c in CASES if c[0] in names]:
-    inp = Inputs(m, k, n, g)
-    bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-    for op in ("gmm", "gmm_t"):
-      tr = op == "gmm_t"
-      lhs = inp.dout if tr else inp.x
-      kk, nn = (n, k) if tr else (k, n)
-      table = config_table.select(config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=tr),
-                                  arch="sm90").config
-      configs = {"table": table, "ws": ws_config(), "mc": mc.MC_CONFIGS[256], "mc128": mc.MC_CONFIGS[128],
-                 "mcr": MCR_CONFIGS[256], "mcr128": MCR_CONFIGS[128]}
-      fns, ref = {}, None
-      for variant in variants:
-        f = functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=tr,
-                              out_dtype=jnp.bfloat16, activation=None, save_preactivation=False,
-                              config=configs[variant])
-        t0 = time.time()
-        try:
-          if variant in launchers:
-            with launchers[variant]() as launches:
-              compiled = jax.jit(f).trace(lhs, inp.w, bounds).lower().compile()
-            assert launches.count == 1, f"{variant}: the multicast kernel was not launched"
-          else:
-            compiled = jax.jit(f).trace(lhs, inp.w, bounds).lower().compile()
-          out = compiled(lhs, inp.w, bounds)
-          out.block_until_ready()
-        except Exception as e:
-          print(f"{name} {op} {variant}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
-          continue
-        o = np.asarray(out, np.float32)
-        ref = o if ref is None else ref
-        print(f"{name} {op} {variant}: compile+run {time.time() - t0:.1f}s, rel diff vs {variants[0]} "
-              f"{oracle.rel_err(o, ref):.2e}", flush=True)
-        fns[variant] = (functools.partial(compiled, lhs, inp.w, bounds), jax_sync)
-      ms = time_interleaved(fns, min_batch_s=0.05, batches=7)
-      sol, sol_here = speed_of_light_ms(m, kk, nn, g), speed_of_light_ms(m, kk, nn, g, *ceilings)
-      base = ms.get("table")
-      for variant, t in ms.items():
-        rows.append((name, op, variant, t, 100 * sol / t, 100 * sol_here / t, base / t if base else float("nan")))
-        print(f"{name} {op} {variant}: {t:.3f} ms", flush=True)
-  print("\n| case | op | variant | ms | % SOL (H200) | % SOL here | speedup vs table |\n|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.0f}% | {r[5]:.0f}% | {r[6]:.3f} |")
+  """The lhs file's time_ab with this kernel's variants ("mcr", "mcr128") beside its own."""
+  mc.time_ab(names, variants, {"mcr": MCR_CONFIGS[256], "mcr128": MCR_CONFIGS[128]},
+             {"mcr": Launches, "mcr128": Launches})
 
 
 # (M, K, N, transpose_rhs, BLOCK_N, S): the lhs file's shapes (M = 900: 3 groups) and M = 1500 (5 groups: `ptx`
