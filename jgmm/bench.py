@@ -7,10 +7,9 @@ A script, not a test; it needs a GPU. For each MoE case (shapes of real models, 
 forward and forward+backward (the forward and the backward for a given output cotangent dout: jax.vjp, and torch's
 out.backward(dout)) side by side in one process. Prints ms (median of timed batches), TFLOP/s, % of speed of light
 (speed_of_light_ms with the H200 ceilings of moe_shapes.py, and with this GPU's own, measured at start by
-measure_ceilings) and ratios; writes
-bench.json (and bench.png if matplotlib imports: the [bench] extra) to --out and says where. Timing
-(jgmm.timing): wall clock around a batch of asynchronous calls ended by one synchronisation (the same for JAX
-and torch), median of several batches, after warm-up.
+measure_ceilings) and ratios; writes bench.json (and bench.png if matplotlib imports: the [bench] extra) to --out
+and says where. Timing (jgmm.timing): wall clock around a batch of asynchronous calls ended by one synchronisation
+(the same for JAX and torch), median of several batches, after warm-up.
 Implementations are timed round-robin, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
@@ -107,15 +106,18 @@ class Inputs:
     self.group_sizes = jnp.asarray(self.sizes)
 
 
+def forward_and_cotangents(fn, primals, dout):
+  """(fn(*primals), *the cotangents of primals for the output cotangent dout): a forward+backward as torch's
+  out.backward(dout) computes it (jax.vjp). No scalar loss: a loss such as vdot(out, dout) adds a pass over out and
+  dout (on dsv3-ep8-down ~0.3 ms of ~5 on an H100) that torch's side does not run."""
+  out, vjp = jax.vjp(fn, *primals)
+  return (out, *vjp(dout))
+
+
 def fwd_bwd(fn):
-  """fn(x, w, gs, *rest) -> out as a jitted (x, w, gs, dout, *rest) -> (out, d x, d w): the forward and the backward
-  for the output cotangent dout (jax.vjp), what torch's out.backward(dout) computes. No scalar loss: a loss such
-  as vdot(out, dout) adds a pass over out and dout (on dsv3-ep8-down ~0.3 ms of ~5 on an H100) that torch's side
-  does not run."""
-  def run(x, w, gs, dout, *rest):
-    out, vjp = jax.vjp(lambda x, w: fn(x, w, gs, *rest), x, w)
-    return (out, *vjp(dout))
-  return jax.jit(run)
+  """fn(x, w, gs, *rest) -> out as a jitted (x, w, gs, dout, *rest) -> (out, d x, d w)
+  (forward_and_cotangents)."""
+  return jax.jit(lambda x, w, gs, dout, *rest: forward_and_cotangents(lambda x, w: fn(x, w, gs, *rest), (x, w), dout))
 
 
 def _jax_impls(inp):

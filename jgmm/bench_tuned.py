@@ -74,10 +74,8 @@ def layer_fns(dout, runs):
   function's lowering, so the tables and the heuristic need functions each."""
   def layer(x, w_up, w_down, sizes):
     return jgmm.gmm(jgmm.gmm(x, w_up, sizes, activation="swiglu"), w_down, sizes)
-
-  def layer_fwd_bwd(x, w_up, w_down, sizes):  # For the output cotangent dout, as bench.fwd_bwd (no scalar loss).
-    out, vjp = jax.vjp(lambda x, a, b: layer(x, a, b, sizes), x, w_up, w_down)
-    return (out, *vjp(dout))
+  layer_fwd_bwd = lambda x, w_up, w_down, sizes: bench.forward_and_cotangents(
+      lambda x, a, b: layer(x, a, b, sizes), (x, w_up, w_down), dout)
   return tuple(jax.jit(timing.chain(f, runs)) for f in (layer, layer_fwd_bwd))
 
 
