@@ -554,15 +554,22 @@ def quantize_pair_grouped(x, blocks, *, dtype):
   check_fp8_format(dtype, device)
   if x.size == 0:
     return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
+  if device.cuda:
+    return _quantize_pair_lanes(x, blocks, blocks.shape[1] * quantize_kernels.BLOCK.value, dtype,
+                                "jgmm_quantize_pair_grouped_lanes")
+  return quantize_pair_grouped_plain(x, blocks, dtype, quantize.FP8_MAX[dtype])
+
+
+def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax):
+  """(q, scale, qt, scale_t) of x (R, C) by quantize_pair_grouped_kernel (the interpreter's and ROCm's), q and qt
+  in q_dtype, clipped to +-fmax (the tests read float32 under the interpreter, whose FP8 casts are not trusted)."""
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
-  if device.cuda:
-    return _quantize_pair_lanes(x, blocks, padded_blocks * block, dtype, "jgmm_quantize_pair_grouped_lanes")
   return tuple(ffi.triton_call(
       x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel,
-      out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, dtype),
+      out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, q_dtype),
       grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
-      name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=quantize.FP8_MAX[dtype]))
+      name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=fmax))
 
 
 def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):

@@ -16,7 +16,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import backend_xla, ffi, fp8, quantize
+from jgmm import backend_triton, backend_xla, ffi, fp8, quantize
 from jgmm.ffi import _compile
 from jgmm.triton_kernels import quantize as quantize_kernels
 
@@ -87,14 +87,7 @@ def grouped_oracle(x, blocks, fmax):
 def plain_grouped_kernel(x, blocks, out_dtype):
   """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) of x (R, C), q and qt in out_dtype (float32 under the
   interpreter, whose FP8 casts are not trusted)."""
-  r, c = x.shape
-  padded_blocks, cb = blocks.shape[1], -(-c // 128)
-  out_shape = [jax.ShapeDtypeStruct((r, c), out_dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-               jax.ShapeDtypeStruct((c, 128 * padded_blocks), out_dtype),
-               jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
-  return jax.jit(lambda x, blocks: ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape, grid=(padded_blocks, cb),
-      num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=padded_blocks, FMAX=448.0))(x, blocks)
+  return jax.jit(lambda x, blocks: backend_triton.quantize_pair_grouped_plain(x, blocks, out_dtype, 448.0))(x, blocks)
 
 
 class QuantizePairTestBase(parameterized.TestCase):

@@ -24,23 +24,17 @@ blocks, _ = fp8._padded_groups(sizes, 32768)
 
 
 def plain_pair(x):
+  """quantize_pair_kernel's 1x128 (backend_triton.quantize_pair's off CUDA)."""
   r, c = x.shape
   rb, cb = -(-r // 128), -(-c // 128)
-  f8 = jnp.float8_e4m3fn
-  out_shape = [jax.ShapeDtypeStruct(x.shape, f8), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-               jax.ShapeDtypeStruct((c, r), f8), jax.ShapeDtypeStruct((c, rb), jnp.float32)]
-  return tuple(ffi.triton_call(x, kernel=quantize_kernels.quantize_pair_kernel, out_shape=out_shape, grid=(rb, cb, 1),
-                               num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, FMAX=448.0, ROWWISE=True))
+  return tuple(ffi.triton_call(x, kernel=quantize_kernels.quantize_pair_kernel,
+                               out_shape=backend_triton._rowwise_pair_shapes(x, r, rb, jnp.float8_e4m3fn),
+                               grid=(rb, cb, 1), num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, FMAX=448.0,
+                               ROWWISE=True))
 
 
 def plain(x):
-  r, c = x.shape
-  pb, cb = blocks.shape[1], -(-c // 128)
-  f8 = jnp.float8_e4m3fn
-  out_shape = [jax.ShapeDtypeStruct(x.shape, f8), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-               jax.ShapeDtypeStruct((c, pb * 128), f8), jax.ShapeDtypeStruct((c, pb), jnp.float32)]
-  return tuple(ffi.triton_call(x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel, out_shape=out_shape,
-                               grid=(pb, cb), num_warps=quantize_kernels.NUM_WARPS, R=r, C=c, PB=pb, FMAX=448.0))
+  return backend_triton.quantize_pair_grouped_plain(x, blocks, jnp.float8_e4m3fn, 448.0)
 
 
 def compiled(variant, x):
