@@ -128,6 +128,34 @@ def _release(empty, cluster_empty, slot, pred):
 
 
 @gluon.jit
+def reduce_steps(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, k_steps, S: gl.constexpr,
+                 TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr):
+  """acc + consumer H's products over k_steps stages from `step` on (gmm_ws's main loop), each stage released one
+  step late on both its barriers (_release)."""
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    b = b_bufs.index(slot)
+    if TRANSPOSE_RHS:
+      b = b.permute((1, 0))
+    acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    _release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0)  # The previous step's stage.
+  acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+  _release(empty, cluster_empty, (step + k_steps - 1) % S, True)
+  return acc
+
+
+@gluon.jit
+def release_steps(ready, empty, cluster_empty, step, k_steps, S: gl.constexpr):
+  """gmm_ws.release_stages on both barriers: a consumer whose half holds no row keeps its phases in step."""
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    _release(empty, cluster_empty, slot, True)
+
+
+@gluon.jit
 def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
               N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
               TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
@@ -144,27 +172,31 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cl
     _, row, rows, half_rows, half_store, nc = consumer_tile(schedule_ptr, t, num_nc, R_MAX, H)
     acc = gl.zeros((HALF, cluster_n), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      _release(empty, cluster_empty, (step + k_steps - 1) % S, True)
+      acc = reduce_steps(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, k_steps, S, TRANSPOSE_RHS, H)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        _release(empty, cluster_empty, slot, True)
+      release_steps(ready, empty, cluster_empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
     if half_store > 0:
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, nc * cluster_n, half_store, N, cluster_n, OUT_LAYOUT)
   tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def allocate_cluster(lhs_desc, rhs_desc, out_ptr, OUT_BOX: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """A cluster kernel's shared memory (gmm_ws.allocate's, at cluster level): S stages of two lhs boxes and one rhs
+  box, an output box OUT_BOX per consumer, and the stages' three barriers (the module docstring's protocol)."""
+  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
+  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
+  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2] + OUT_BOX, OUT_LAYOUT)
+  ready = mbarrier.allocate_mbarrier(batch=S)
+  empty = mbarrier.allocate_mbarrier(batch=S)
+  cluster_empty = mbarrier.allocate_mbarrier(batch=S, two_ctas=True)
+  for s in gl.static_range(S):
+    mbarrier.init(ready.index(s), count=1)
+    mbarrier.init(empty.index(s), count=2)  # This CTA's consumers.
+    mbarrier.init(cluster_empty.index(s), count=2)  # x 2 CTAs (Gluon doubles a two_ctas barrier's count).
+  return a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty
 
 
 @gluon.jit
@@ -176,16 +208,8 @@ def gmm_ws_mc_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constex
   (2 BLOCK_N, BLOCK_K), cga ROW_SPLIT; out (M, N) through out_ptr and descriptors made here (box (64, 2 BLOCK_N),
   OUT_LAYOUT with cga COL_SPLIT). schedule_ptr: gmm_ws's schedule of 128-row tiles."""
   gl.static_assert(gl.num_ctas() == 2)
-  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
-  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
-  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, 2 * BLOCK_N], OUT_LAYOUT)
-  ready = mbarrier.allocate_mbarrier(batch=S)
-  empty = mbarrier.allocate_mbarrier(batch=S)
-  cluster_empty = mbarrier.allocate_mbarrier(batch=S, two_ctas=True)
-  for s in gl.static_range(S):
-    mbarrier.init(ready.index(s), count=1)
-    mbarrier.init(empty.index(s), count=2)  # This CTA's consumers.
-    mbarrier.init(cluster_empty.index(s), count=2)  # x 2 CTAs (Gluon doubles a two_ctas barrier's count).
+  a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty = allocate_cluster(lhs_desc, rhs_desc, out_ptr,
+                                                                       [HALF, 2 * BLOCK_N], S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),

@@ -94,13 +94,12 @@ import jax.numpy as jnp
 import numpy as np
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # The lhs file, when imported from elsewhere.
 import gmm_ws_multicast as mc  # noqa: E402
-from gmm_ws_multicast import (MAXNREG, NUM_WARPS, ROW_SPLIT, SHARED, _layout, _release, case_args,  # noqa: E402
-                              ws_config)
+from gmm_ws_multicast import (MAXNREG, NUM_WARPS, ROW_SPLIT, SHARED, _layout, case_args,  # noqa: E402
+                              reduce_steps, release_steps)
 
 from jgmm import ffi  # noqa: E402
 from jgmm.triton_kernels import geometry, gmm_ws  # noqa: E402
@@ -180,22 +179,9 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cl
     half_store = gl.minimum(gl.maximum(store_rows - H * CLUSTER_HALF, 0), CLUSTER_HALF)
     acc = gl.zeros((CLUSTER_HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      _release(empty, cluster_empty, (step + k_steps - 1) % S, True)
+      acc = reduce_steps(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, k_steps, S, TRANSPOSE_RHS, H)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        _release(empty, cluster_empty, slot, True)
+      release_steps(ready, empty, cluster_empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
     if half_store > 0:
@@ -213,16 +199,8 @@ def gmm_ws_mc_rhs_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.con
   out (M, N) through out_ptr and descriptors made here (box (128, BLOCK_N), OUT_LAYOUT with cga ROW_SPLIT).
   schedule_ptr: _pair_tiles' schedule of 256-row pairs (R_MAX of them)."""
   gl.static_assert(gl.num_ctas() == 2)
-  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
-  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
-  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, CLUSTER_HALF, BLOCK_N], OUT_LAYOUT)
-  ready = mbarrier.allocate_mbarrier(batch=S)
-  empty = mbarrier.allocate_mbarrier(batch=S)
-  cluster_empty = mbarrier.allocate_mbarrier(batch=S, two_ctas=True)
-  for s in gl.static_range(S):
-    mbarrier.init(ready.index(s), count=1)
-    mbarrier.init(empty.index(s), count=2)  # This CTA's consumers.
-    mbarrier.init(cluster_empty.index(s), count=2)  # x 2 CTAs (Gluon doubles a two_ctas barrier's count).
+  a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty = mc.allocate_cluster(
+      lhs_desc, rhs_desc, out_ptr, [CLUSTER_HALF, BLOCK_N], S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
                    BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
@@ -285,7 +263,7 @@ class Launches(mc.Launches):
     return _gmm_ws_mc_rhs(*args)
 
 
-MCR_CONFIGS = {256: ws_config(256, 3), 128: ws_config(128, 5)}  # `check` and `time`'s mcr, mcr128.
+MCR_CONFIGS = mc.MC_CONFIGS  # `check` and `time`'s mcr, mcr128: the lhs variant's tiles and stages.
 # Group sizes of `check` and `dry` (group_offset 1: rows [0, 37) before the groups, [1000 - 73, 1000) after them).
 # Pairs of 256 rows: 300 = 256 + 44 (3 row tiles, odd: the last pair's half 1 is the padding tile; its half 0 has
 # 44 rows in CTA 0's part, none in CTA 1's), an empty group, 40, 450 = 256 + 194 (the last pair's half 1: 64 rows
