@@ -126,10 +126,9 @@ LANES_MAXNREG = 128
 def lanes_layouts(num_warps: int, warps_c: int = 2):
   """(TILE, TILE_T) of quantize_pair_grouped_lanes_kernel (num_warps a power of two up to 32): a 128 x 128 tile
   over 4 x 8 lanes (rows x columns) and the warps (min(num_warps, warps_c) along the columns: a power of two up
-  to 16), each
-  thread holding a block of rows x columns of it; TILE orders a thread's registers along the columns (x's loads and
-  q's stores), TILE_T the same elements along the rows (qt's stores: its rows are x's columns), so the transpose
-  moves no data between threads."""
+  to 16), each thread holding a block of rows x columns of it; TILE orders a thread's registers along the columns
+  (x's loads and q's stores), TILE_T the same elements along the rows (qt's stores: its rows are x's columns), so
+  the transpose moves no data between threads."""
   # At 8 warps a thread's 8 x 8 block: 16-byte loads of x, 8-byte stores of q's and qt's rows (H100: 2-4% faster
   # than 16 x 4 (warps_c 4), 4-byte stores of q; 4 x 16 (warps_c 1), 4-byte stores of qt's rows, 25-37% slower).
   warps_c = min(num_warps, warps_c)
