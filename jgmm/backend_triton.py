@@ -20,6 +20,7 @@ from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_fp8_ws
 from jgmm.triton_kernels import gmm_ws
+from jgmm.triton_kernels import gmm_ws_cluster
 from jgmm.triton_kernels import quantize as quantize_kernels
 from jgmm.triton_kernels import tgmm_fp8_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
@@ -80,24 +81,35 @@ def _row_tiles(bounds, m, row_tiles, block_m):
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
-  """gmm through gmm_ws_kernel (the caller checked that it applies)."""
+  """gmm through gmm_ws_kernel (the caller checked that it applies), or through gmm_ws_cluster_kernel on clusters of
+  2 CTAs where config.cluster_size is 2, config.block_n 128 or 256 and Triton has it (gmm_ws_cluster.supported)."""
   m, k = lhs.shape
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
+  cluster = config.cluster_size == 2 and config.block_n in (128, 256) and gmm_ws_cluster.supported()
+  ctas = 2 if cluster else 1
+  cols = ctas * config.block_n  # Columns of a program's (a cluster's) tile.
+
+  def layout(block, dtype, cga):  # cga: how a cluster's CTAs share the box (gmm_ws_cluster's docstring).
+    return gmm_ws_cluster.shared_layout(block, dtype.name, cga) if cluster else gmm_ws.shared_layout(block, dtype.name)
+
   lhs_block = (gmm_ws.HALF.value, config.block_k)
-  rhs_view, rhs_block = ((num_groups * n, k), (config.block_n, config.block_k)) if transpose_rhs else (
-      (num_groups * k, n), (config.block_k, config.block_n))
-  out_block = (gmm_ws.HALF.value, config.block_n)
+  rhs_view, rhs_block = ((num_groups * n, k), (cols, config.block_k)) if transpose_rhs else (
+      (num_groups * k, n), (config.block_k, cols))
+  out_block = (gmm_ws.HALF.value, cols)
   return ffi.triton_call(
-      ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
-      ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
+      ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)),
+      ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
+          rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT)),
       _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
-      kernel=gmm_ws.gmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
-      num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws",
+      kernel=gmm_ws_cluster.gmm_ws_cluster_kernel if cluster else gmm_ws.gmm_ws_kernel,
+      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(min(device.num_sms // ctas, row_tiles * geometry.cdiv(n, cols)),), num_ctas=ctas,
+      num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws_cluster" if cluster else "jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
+      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=layout(out_block, out_dtype, gmm_ws_cluster.COL_SPLIT),
+      BAND=config.band_tiles)
 
 
 def _persistent_programs(config, device):

@@ -29,10 +29,17 @@ class Config:
     is its ring of shared-memory stages; num_warps and programs_per_sm do not apply. Elsewhere gmm_kernel runs
     with this config. FP8 gmm with K-major rhs (transpose_rhs) and FP8 masked_gmm: the warp-specialised FP8
     kernel (triton_kernels/gmm_fp8_ws.py) where block_k is 128 and (block_m, block_n) is (128, 128), (128, 256)
-    or (192, 128), K a multiple of
-    16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8 tgmm with lhs (K, M) and rhs (N, M):
-    the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128 or 256, 2 or more stages) where M is
-    a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
+    or (192, 128), K a multiple of 16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8
+    tgmm with lhs (K, M) and rhs (N, M): the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128
+    or 256, 2 or more stages) where M is a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
+  band_tiles: the bf16 warp-specialised gmm (warp_specialized): its persistent tile order, in bands of band_tiles
+    row tiles with the row tile fastest inside a band (programs running at once then share rhs column panels: on
+    an H100, 8 ran mixtral's forward 1.26x faster than row-major), or row-major (1). 1..64; other kernels ignore it
+    (gmm_kernel's order is bands of 8 row tiles of a group).
+  cluster_size: the bf16 warp-specialised gmm: 2 runs it on clusters of two CTAs (triton_kernels/gmm_ws_cluster.py:
+    a cluster computes 128 rows x 2 block_n columns, each K step's lhs tile loaded once and multicast into both
+    CTAs, 17% fewer operand bytes at block_n 256) where block_n is 128 or 256 and Triton has Gluon's clusters
+    (>= 3.7); the one-CTA kernel runs elsewhere. 1 or 2; other kernels ignore it.
   """
   block_m: int = 128
   block_n: int = 128
@@ -44,9 +51,12 @@ class Config:
   tma: bool = True
   tma_store: bool = False
   warp_specialized: bool = False
+  band_tiles: int = 1
+  cluster_size: int = 1
 
   def __post_init__(self):
-    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"):
+    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm", "band_tiles",
+                 "cluster_size"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
     for name in ("persistent", "tma", "tma_store", "warp_specialized"):
@@ -62,6 +72,10 @@ class Config:
       raise ValueError(f"config.num_stages must be an int in [1, 8], got {self.num_stages!r}")
     if not 1 <= self.programs_per_sm <= 4:
       raise ValueError(f"config.programs_per_sm must be an int in [1, 4], got {self.programs_per_sm!r}")
+    if not 1 <= self.band_tiles <= 64:
+      raise ValueError(f"config.band_tiles must be an int in [1, 64], got {self.band_tiles!r}")
+    if self.cluster_size not in (1, 2):
+      raise ValueError(f"config.cluster_size must be 1 or 2, got {self.cluster_size!r}")
 
 
 def as_config(config, rows_192=False):

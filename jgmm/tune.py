@@ -62,12 +62,18 @@ import time
 
 from jgmm import capture, config_table, model_shapes
 from jgmm.config import Config
+from jgmm.triton_kernels import gmm_ws_cluster
 
 _C = Config
 # The default space (--space small): configs measured best on some case on an H200 or H100 (docs/perf-notes.md).
 _GMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(64, 256, 64, 4, 4), _C(64, 256, 32, 4, 4, programs_per_sm=2),
         _C(64, 256, 32, 4, 3, programs_per_sm=2), _C(128, 128, 32, 4, 4, programs_per_sm=2),
         _C(128, 256, 64, 8, 3, warp_specialized=True), _C(64, 128, 64, 4, 4)]
+# The bf16 warp-specialised kernel's tile orders and clusters (Config.band_tiles, cluster_size): each the fastest on
+# some bench case's forward or d lhs on an H100 under Triton 3.9 (docs/perf-notes.md, Session 24).
+_GMM_WS = [_C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8),
+           _C(128, 256, 64, 8, 3, warp_specialized=True, cluster_size=2),
+           _C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8, cluster_size=2)]
 _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4, 6), _C(16, 128, 64, 4, 8),
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
@@ -112,6 +118,8 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
     else:
       base = _GMM if gmm_like else _TGMM
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
+    if base is _GMM:  # Clusters only where this Triton has them (elsewhere the one-CTA kernel would run again).
+      configs += [c for c in _GMM_WS if c.cluster_size == 1 or gmm_ws_cluster.supported()]
   if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
     configs = [c for c in configs if not c.warp_specialized]
   if key.op in config_table.FP8_WS_OPS:

@@ -8,6 +8,7 @@ GPU (skipped without one): bf16/fp16/fp32, real tiles, large odd shapes and offs
 """
 import dataclasses
 import os
+import re
 import secrets
 from unittest import mock
 
@@ -20,6 +21,7 @@ from jgmm import backend_triton, oracle
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm as gmm_kernels
+from jgmm.triton_kernels import gmm_ws_cluster
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
@@ -391,6 +393,33 @@ class CrossLoweringTest(parameterized.TestCase):
       self.assertEqual(compiled.num_warps, 12)  # The consumer warpgroups and the loader warp, rounded up.
       self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
 
+  @parameterized.parameters(False, True)
+  def test_gmm_ws_cluster_compiles_for_sm90(self, transpose_rhs):
+    """Config.cluster_size 2 (bands of 3 row tiles): under a Triton with Gluon's clusters (>= 3.7) the cluster kernel
+    (2 CTAs a cluster, two multicast TMA loads: the lhs halves; the rhs box twice the CTA's columns, split between
+    the CTAs), under an older one the one-CTA kernel with the same config."""
+    m, k, n, groups = 1000, 4096, 1280, 4
+    s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
+    config = Config(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=3, cluster_size=2)
+    before = set(_compile._cache)
+    _, signatures = self.lower(
+        lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=transpose_rhs, out_dtype=dt,
+                                           activation=None, save_preactivation=False, config=config),
+        s((m, k), dt), s((groups, n, k) if transpose_rhs else (groups, k, n), dt), s((groups + 1,), jnp.int32))
+    (signature,) = signatures
+    if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+      self.assertNotIn("OUT_LAYOUT", signature)  # gmm_kernel
+      return
+    (compiled,) = [_compile._cache[key] for key in set(_compile._cache) - before]
+    ctas = 2 if gmm_ws_cluster.supported() else 1
+    self.assertEqual(compiled.num_ctas, ctas)
+    ptx = compiled.asm["ptx"]
+    self.assertEqual(".reqnctapercluster 2" in ptx, ctas == 2)
+    self.assertEqual(len(re.findall(r"cp\.async\.bulk\.tensor\S*multicast::cluster", ptx)), 2 if ctas == 2 else 0)
+    rhs_box = f"{256 * ctas}, 64" if transpose_rhs else f"64, {256 * ctas}"
+    self.assertIn(f"[{rhs_box}]", signature["rhs_desc"])
+    self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
+
   @parameterized.product(dt=(jnp.bfloat16, jnp.float32), tma=(False, True))
   def test_tgmm_and_masked_compile_for_sm90(self, dt, tma):
     s = jax.ShapeDtypeStruct
@@ -492,6 +521,29 @@ class GpuKernelTest(KernelTestBase):
     out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
     want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
+    out = np.asarray(out, np.float32)
+    np.testing.assert_array_equal(out[:bounds[0]], 0.0)
+    np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
+
+  @parameterized.product(
+      (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=128, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+      transpose_rhs=(False, True),
+      order=(dict(band_tiles=8, cluster_size=1, block_n=256, num_stages=3),
+             dict(band_tiles=3, cluster_size=2, block_n=256, num_stages=3),
+             dict(band_tiles=1, cluster_size=2, block_n=128, num_stages=5)),
+  )
+  def test_gmm_ws_tile_orders_and_clusters(self, m, k, n, groups, transpose_rhs, order):
+    """test_gmm_ws's cases (bf16) in bands of row tiles (8, and 3: bands cut by the row tiles' end) and on clusters
+    of 2 CTAs (Config.cluster_size; the one-CTA kernel under a Triton without Gluon's clusters), 2 x 256 and 2 x 128
+    columns a cluster: N past the cluster's second tile, a cluster whose second tile lies entirely past N."""
+    dt = jnp.bfloat16
+    lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=128, block_k=64, num_warps=8, warp_specialized=True, **order)
+    out = run_gmm(lhs, rhs, bounds, transpose_rhs=transpose_rhs, out_dtype=dt, config=config)
+    want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, None, transpose_rhs, None)[0]
+    self.assert_close(out, want, GPU_TOLERANCE["bf16"])
     out = np.asarray(out, np.float32)
     np.testing.assert_array_equal(out[:bounds[0]], 0.0)
     np.testing.assert_array_equal(out[bounds[-1]:], 0.0)

@@ -239,6 +239,9 @@ CONFIG_CASES = [
      r"config.programs_per_sm must be a Python int, got 2.0"),
     ("tma_str", {"tma": "yes"}, TypeError, r"config.tma must be a bool, got 'yes'"),
     ("tma_store_int", {"tma_store": 1}, TypeError, r"config.tma_store must be a bool, got 1"),
+    ("band_tiles_0", {"band_tiles": 0}, ValueError, r"config.band_tiles must be an int in \[1, 64\], got 0"),
+    ("band_tiles_float", {"band_tiles": 8.0}, TypeError, r"config.band_tiles must be a Python int, got 8.0"),
+    ("cluster_size_4", {"cluster_size": 4}, ValueError, r"config.cluster_size must be 1 or 2, got 4"),
 ]
 
 

@@ -3,8 +3,9 @@
 out rows of group g = lhs rows of g @ rhs[g]: lhs (M, K), rhs (G, K, N) or (G, N, K) with TRANSPOSE_RHS, out (M, N),
 all 2-byte floats. No bias, activation or accumulation (jgmm's gmm_kernel covers those).
 
-Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is row tile t // column tiles
-(128 rows of the schedule, below) x column tile t % column tiles (BLOCK_N columns). Per program, three partitions:
+Persistent: one program per SM walks tiles t = program id, + programs, ...; tile t is a row tile (128 rows of the
+schedule, below) x a column tile (BLOCK_N columns), row-major (BAND = 1) or in bands of BAND row tiles (tile_of).
+Per program, three partitions:
 - a loader warp: per reduction step, TMA copies of lhs rows [row0, row0 + 128) (the bottom 64 only if they hold a row
   of the group) and the rhs tile of the tile's group into one of S shared-memory stages (mbarriers: `ready` when the
   bytes landed, `empty` when both consumers are done);
@@ -35,18 +36,28 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr):
-  """(group, first row, rows of the group, rows to store, column tile) of tile t."""
-  r = t // num_n
+def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1):
+  """(group, first row, rows of the group, rows to store, column tile) of tile t: row-major over (row tiles,
+  num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords'
+  order: programs running at once share rhs panels)."""
+  if BAND == 1:
+    r = t // num_n
+    ni = t % num_n
+  else:
+    band = t // (BAND * num_n)
+    within = t - band * (BAND * num_n)
+    band_rows = gl.minimum(gl.load(schedule_ptr) - band * BAND, BAND)
+    r = band * BAND + within % band_rows
+    ni = within // band_rows
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), t % num_n)
+          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit
-def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr):
+def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1):
   """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
   half, rows to store of its half, column tile)."""
-  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
   half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
   half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
   return g, row0 + H * HALF, rows, half_rows, half_store, ni
@@ -55,12 +66,12 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr):
 @gluon.jit
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
             R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr):
+            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
@@ -154,7 +165,7 @@ def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.conste
 @gluon.jit
 def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
               N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -162,7 +173,7 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
+    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       for kk in range(k_steps):
@@ -188,18 +199,18 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
 @gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr):
+                  OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
-  shared-memory layout OUT_LAYOUT)."""
+  shared-memory layout OUT_LAYOUT); BAND: tile_of's order."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
       (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
-                 TRANSPOSE_RHS)),
+                 TRANSPOSE_RHS, BAND)),
   ], [4, 1], [232, 40])
 
 

@@ -14,7 +14,8 @@ python docs/experiments/gmm_ws_multicast.py time [CASE,...] [VARIANT,...]
     (default mixtral8x7b-w1, dsv3-ep8-gateup, dsv3-ep8-down), timed interleaved (jgmm.timing.time_interleaved):
     VARIANTS (default table,ws,mc): "table" the table's config, "ws" gmm_ws_kernel at 128 x 256 x 64 S=3, "mc"
     this kernel at 128 x 256 x 64 per CTA S=3 (cluster tile 128 x 512), "mc128" at 128 x 128 x 64 per CTA S=5
-    (cluster tile 128 x 256); ms, % of speed of light (H200 ceilings and this GPU's, measured first), speedup vs
+    (cluster tile 128 x 256), "wsb" and "mcb" ws and mc with the tiles in bands of JGMM_BAND (default 8) row tiles
+    (gmm_ws.tile_of's BAND); ms, % of speed of light (H200 ceilings and this GPU's, measured first), speedup vs
     the table, relative difference of the output vs the table's.
 python docs/experiments/gmm_ws_multicast.py ptx
     on the CPU (JAX_PLATFORMS=cpu JGMM_TARGET=cuda:90): cross-compiles the kernel for sm_90 on PTX_CASES and prints
@@ -89,7 +90,7 @@ ACC_CGA = gl.constexpr(COL_SPLIT)
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
             N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr):
+            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
   """Per stage: waits until this CTA's consumers released it (and in CTA 0 all four, cluster_empty), loads this
   CTA's rhs tile, and in CTA 0 multicasts the lhs halves holding rows of the group into both CTAs; ready expects
   the bytes this CTA receives."""
@@ -100,7 +101,7 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clus
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
-    g, row0, rows, _, nc = tile_of(schedule_ptr, t, num_nc, R_MAX)
+    g, row0, rows, _, nc = tile_of(schedule_ptr, t, num_nc, R_MAX, BAND)
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
@@ -158,7 +159,7 @@ def release_steps(ready, empty, cluster_empty, step, k_steps, S: gl.constexpr):
 @gluon.jit
 def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
               N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
   """gmm_ws's consumer H (rows [64 H, 64 H + 64) of the tile) with a cluster-level (64, 2 BLOCK_N) accumulator,
   64 x BLOCK_N in each CTA."""
   cluster_n: gl.constexpr = 2 * BLOCK_N
@@ -169,7 +170,7 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cl
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cluster_n], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
-    _, row, rows, half_rows, half_store, nc = consumer_tile(schedule_ptr, t, num_nc, R_MAX, H)
+    _, row, rows, half_rows, half_store, nc = consumer_tile(schedule_ptr, t, num_nc, R_MAX, H, BAND)
     acc = gl.zeros((HALF, cluster_n), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       acc = reduce_steps(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, k_steps, S, TRANSPOSE_RHS, H)
@@ -202,7 +203,7 @@ def allocate_cluster(lhs_desc, rhs_desc, out_ptr, OUT_BOX: gl.constexpr, S: gl.c
 @gluon.jit
 def gmm_ws_mc_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
                      R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                     TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+                     TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr = 1):
   """Launched with num_ctas = 2 and MAXNREG registers. lhs_desc over lhs (M, K), box (64, BLOCK_K), cga SHARED;
   rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, 2 BLOCK_N), cga COL_SPLIT, or (G * N, K), box
   (2 BLOCK_N, BLOCK_K), cga ROW_SPLIT; out (M, N) through out_ptr and descriptors made here (box (64, 2 BLOCK_N),
@@ -212,11 +213,11 @@ def gmm_ws_mc_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constex
                                                                        [HALF, 2 * BLOCK_N], S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
       (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1)),
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
       (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K, N, R_MAX, BLOCK_N,
-                 BLOCK_K, S, TRANSPOSE_RHS)),
+                 BLOCK_K, S, TRANSPOSE_RHS, BAND)),
   ], [4, 1], [232, 40])
 
 
@@ -226,10 +227,11 @@ def _layout(block, dtype_name, cga_layout):
   return gl.NVMMASharedLayout.get_default_for(list(block), dtype, cga_layout=cga_layout)
 
 
-def _gmm_ws_mc(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
+def _gmm_ws_mc(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device, band=1):
   """backend_triton._gmm_ws's signature and result through gmm_ws_mc_kernel: 128-row tiles by config.block_n (128
   or 256) columns per CTA (twice that per cluster) by config.block_k, num_stages S as config's, clusters of 2 CTAs,
-  a persistent grid of min(SMs // 2, cluster tiles) clusters."""
+  a persistent grid of min(SMs // 2, cluster tiles) clusters; band: gmm_ws.tile_of's BAND (cluster tiles in bands
+  of `band` row tiles)."""
   from jgmm import backend_triton
   if config.block_m != gmm_ws.BLOCK_M or config.block_n not in (128, 256):
     raise ValueError(f"gmm_ws_mc_kernel takes 128 x 128 or 128 x 256 tiles per CTA, got config {config}")
@@ -254,7 +256,7 @@ def _gmm_ws_mc(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
       grid=(min(clusters, tiles),), num_ctas=2,
       num_warps=NUM_WARPS, maxnreg=MAXNREG, name="jgmm_gmm_ws_mc",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=_layout(out_block, jnp.dtype(out_dtype).name, COL_SPLIT))
+      TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=_layout(out_block, jnp.dtype(out_dtype).name, COL_SPLIT), BAND=band)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,12 +289,13 @@ class Launches:
   """mock.patch of backend_triton._gmm_ws by this kernel's launcher, counting the launches it builds (a shape that
   gmm_ws does not take runs another kernel: the check would then test that one)."""
 
-  def __init__(self):
+  def __init__(self, launcher=None):
     self.count = 0
+    self._launcher = launcher or _gmm_ws_mc
 
   def _launch(self, *args):
     self.count += 1
-    return _gmm_ws_mc(*args)
+    return self._launcher(*args)
 
   def __enter__(self):
     from unittest import mock
@@ -368,8 +371,11 @@ def time_ab(names=TIME_CASES, variants=("table", "ws", "mc"), more_configs=None,
   """ws_ab.py's A/B of backend_triton.gmm (precomputed bounds, bf16 out) with `variants` (see the module's
   docstring), forward and d lhs, timed interleaved: a markdown table at the end. more_configs {variant: Config} and
   more_launchers {variant: Launches class} add another file's kernels (gmm_ws_multicast_rhs.py's)."""
-  launchers = {"mc": Launches, "mc128": Launches, **(more_launchers or {})}
-  from jgmm import backend_triton, config_table, oracle
+  from jgmm import backend_triton
+  band = int(os.environ.get("JGMM_BAND", 8))
+  launchers = {"mc": Launches, "mc128": Launches, "mcb": lambda: Launches(functools.partial(_gmm_ws_mc, band=band)),
+               "wsb": lambda: Launches(functools.partial(backend_triton._gmm_ws, band=band)), **(more_launchers or {})}
+  from jgmm import config_table, oracle
   from jgmm.bench import CASES, Inputs, measure_ceilings, speed_of_light_ms
   from jgmm.ops import group_bounds
   from jgmm.timing import jax_sync, time_interleaved
@@ -386,7 +392,8 @@ def time_ab(names=TIME_CASES, variants=("table", "ws", "mc"), more_configs=None,
       kk, nn = (n, k) if tr else (k, n)
       table = config_table.select(config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=tr),
                                   arch="sm90").config
-      configs = {"table": table, "ws": ws_config(), "mc": MC_CONFIGS[256], "mc128": MC_CONFIGS[128],
+      configs = {"table": table, "ws": ws_config(), "wsb": ws_config(), "mc": MC_CONFIGS[256], "mcb": MC_CONFIGS[256],
+                 "mc128": MC_CONFIGS[128],
                  **(more_configs or {})}
       fns, ref = {}, None
       for variant in variants:

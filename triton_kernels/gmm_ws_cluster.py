@@ -1,0 +1,160 @@
+"""gmm_ws_cluster_kernel: gmm_ws_kernel on clusters of 2 CTAs, the lhs tile multicast (Hopper, Triton >= 3.7).
+
+out rows of group g = lhs rows of g @ rhs[g], as gmm_ws_kernel (same operands, schedule and row logic); only the work
+per program differs. A cluster of 2 CTAs takes a cluster tile of 128 rows (one row tile of the schedule) x 2 BLOCK_N
+columns: CTA r computes columns [2 BLOCK_N c + BLOCK_N r, + BLOCK_N) with its own rhs tile, and the lhs halves of
+each K step, the same for both, are copied once by CTA 0's loader, by TMA multicast into both CTAs' shared memory.
+Operand bytes per FLOP at BLOCK_N = 256: (64 + 256) / (128 x 256), 17% fewer than gmm_ws_kernel's.
+
+Written at cluster level (Gluon >= 3.7: each layout's cga_layout says how the 2 CTAs share a tensor):
+- lhs halves (64, BLOCK_K): SHARED, the whole box in both CTAs (tma.async_load(multicast=True): CTA 0 issues it for
+  both). rhs box of the (G * K, N) view (BLOCK_K, 2 BLOCK_N): COL_SPLIT, or of the transposed (G * N, K) view
+  (2 BLOCK_N, BLOCK_K): ROW_SPLIT; each CTA loads its own BLOCK_N columns. Accumulators and output halves
+  (64, 2 BLOCK_N): COL_SPLIT (64 x BLOCK_N fp32 per consumer warpgroup, as gmm_ws_kernel), stored by TMA (columns past
+  N clipped by the descriptor, rows past the tile's by gmm_ws.store_half's clipped descriptor). A cluster's second
+  column tile entirely past N computes on TMA zeros or the next group's rows and is never stored.
+- program_id / num_programs count clusters: the persistent grid is at most SMs / 2 clusters, each walking cluster
+  tiles t, t + clusters, ... in gmm_ws.tile_of's order (BAND). Every scalar (rows of the tile, halves, stores) is per
+  row tile, the same in both CTAs: no rank, no per-CTA branch.
+- Barriers, three per stage: `ready[s]` per CTA, count 1: the loader's expect of the bytes its CTA receives (the
+  multicast lhs halves holding rows, its own rhs tile; CTA 1's expect may come after CTA 0's bytes landed: the
+  tx-count goes negative and the phase cannot complete before the expect's arrival). `empty[s]` per CTA, count 2
+  (its consumers): its loader waits on it before loading its rhs tile. `cluster_empty[s]` two_ctas (one barrier in
+  CTA 0, count 2 x 2: all four consumers arrive, CTA 1's remotely): CTA 0's loader waits on it before multicasting
+  into stage s of both CTAs. Consumers release a stage one step late (warpgroup_mma_wait(1)); a consumer whose half
+  holds no row of the group waits for and releases the stages the other uses. Gluon ends a cluster kernel with a
+  cluster barrier, so no CTA exits while the other still arrives on its barriers or multicasts into it.
+- One loader warp and two consumer warpgroups per CTA, registers and shared memory per CTA as gmm_ws_kernel's.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, store_half, tile_of
+
+# cga_layout of the cluster-level tensors: the same in both CTAs, or split between them by rows or by columns.
+SHARED = [[0, 0]]
+ROW_SPLIT = [[1, 0]]
+COL_SPLIT = [[0, 1]]
+ACC_CGA = gl.constexpr(COL_SPLIT)
+
+
+def supported():
+  """Whether this Triton's Gluon has what the kernel needs (cluster mbarriers and TMA multicast: Triton >= 3.7)."""
+  return hasattr(mbarrier, "allocate_mbarrier")
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
+            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
+  """Per stage: waits until this CTA's consumers released it (and in CTA 0 all four, cluster_empty), loads this
+  CTA's rhs tile, and in CTA 0 multicasts the lhs halves holding rows of the group into both CTAs."""
+  half: gl.constexpr = lhs_desc.nbytes_per_cta  # A whole (64, BLOCK_K) half in each CTA.
+  base: gl.constexpr = rhs_desc.nbytes_per_cta
+  cluster_n: gl.constexpr = 2 * BLOCK_N
+  num_nc: gl.constexpr = (N + cluster_n - 1) // cluster_n
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  step = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
+    g, row0, rows, _, nc = tile_of(schedule_ptr, t, num_nc, R_MAX, BAND)
+    if rows > 0:
+      for kk in range(k_steps):
+        slot = step % S
+        phase = ((step // S) & 1) ^ 1
+        mbarrier.wait(empty.index(slot), phase)
+        mbarrier.wait(cluster_empty.index(slot), phase)  # CTA 0 only (Gluon: a two_ctas barrier's wait).
+        ready_bar = ready.index(slot)
+        mbarrier.expect(ready_bar, base + 2 * half, pred=rows > HALF)
+        mbarrier.expect(ready_bar, base + half, pred=rows <= HALF)
+        tma.async_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot), multicast=True)
+        tma.async_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot + 1),
+                       pred=rows > HALF, multicast=True)
+        if TRANSPOSE_RHS:
+          tma.async_load(rhs_desc, [g * N + nc * cluster_n, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
+        else:
+          tma.async_load(rhs_desc, [g * K + kk * BLOCK_K, nc * cluster_n], ready_bar, b_bufs.index(slot))
+        step += 1
+
+
+@gluon.jit
+def _release(empty, cluster_empty, slot, pred):
+  """A consumer is done with stage slot (if pred): its CTA's empty barrier and CTA 0's cluster_empty."""
+  mbarrier.arrive(empty.index(slot), pred=pred)
+  mbarrier.arrive(cluster_empty.index(slot), pred=pred)
+
+
+@gluon.jit
+def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
+              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
+  """gmm_ws_kernel's consumer H (rows [64 H, 64 H + 64) of the tile) with a cluster-level (64, 2 BLOCK_N)
+  accumulator, 64 x BLOCK_N in each CTA; each stage released on both barriers."""
+  cluster_n: gl.constexpr = 2 * BLOCK_N
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16], cga_layout=ACC_CGA)
+  num_nc: gl.constexpr = (N + cluster_n - 1) // cluster_n
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cluster_n], OUT_LAYOUT)
+  step = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
+    _, row, rows, half_rows, half_store, nc = consumer_tile(schedule_ptr, t, num_nc, R_MAX, H, BAND)
+    acc = gl.zeros((HALF, cluster_n), dtype=gl.float32, layout=acc_layout)
+    if half_rows > 0:
+      for kk in range(k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        b = b_bufs.index(slot)
+        if TRANSPOSE_RHS:
+          b = b.permute((1, 0))
+        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0)  # The previous step's stage.
+      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+      _release(empty, cluster_empty, (step + k_steps - 1) % S, True)
+    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
+      for kk in range(k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        _release(empty, cluster_empty, slot, True)
+    if rows > 0:
+      step += k_steps
+    if half_store > 0:
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, nc * cluster_n, half_store, N, cluster_n, OUT_LAYOUT)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def gmm_ws_cluster_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
+                          R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+                          TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
+  """Launched with num_ctas = 2 and gmm_ws.MAXNREG registers. lhs_desc over lhs (M, K), box (64, BLOCK_K), cga
+  SHARED; rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, 2 BLOCK_N), cga COL_SPLIT, or (G * N, K), box
+  (2 BLOCK_N, BLOCK_K), cga ROW_SPLIT; out (M, N) through out_ptr and descriptors made here (box (64, 2 BLOCK_N),
+  OUT_LAYOUT with cga COL_SPLIT). schedule_ptr: gmm_ws_kernel's schedule of 128-row tiles."""
+  gl.static_assert(gl.num_ctas() == 2)
+  a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [2 * S] + lhs_desc.block_type.shape, lhs_desc.layout)
+  b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
+  c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2, HALF, 2 * BLOCK_N], OUT_LAYOUT)
+  ready = mbarrier.allocate_mbarrier(batch=S)
+  empty = mbarrier.allocate_mbarrier(batch=S)
+  cluster_empty = mbarrier.allocate_mbarrier(batch=S, two_ctas=True)
+  for s in gl.static_range(S):
+    mbarrier.init(ready.index(s), count=1)
+    mbarrier.init(empty.index(s), count=2)  # This CTA's consumers.
+    mbarrier.init(cluster_empty.index(s), count=2)  # x 2 CTAs (Gluon doubles a two_ctas barrier's count).
+  gl.warp_specialize([
+      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
+      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
+                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
+      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K, N, R_MAX, BLOCK_N,
+                 BLOCK_K, S, TRANSPOSE_RHS, BAND)),
+  ], [4, 1], [232, 40])
+
+
+def shared_layout(block_shape, dtype_name, cga_layout):
+  """The shared-memory layout of a cluster-level (rows, columns) box of dtype_name ("bfloat16" or "float16") shared
+  between the CTAs as cga_layout says (SHARED, ROW_SPLIT or COL_SPLIT)."""
+  dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name]
+  return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype, cga_layout=cga_layout)
