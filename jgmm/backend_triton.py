@@ -401,8 +401,7 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
-      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves,
-      BAND=config.band_tiles)
+      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves)
 
 
 def _tile_scales(lhs_scale, schedule, row_tiles, block_m):

@@ -32,11 +32,10 @@ class Config:
     or (192, 128), K a multiple of 16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8
     tgmm with lhs (K, M) and rhs (N, M): the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128
     or 256, 2 or more stages) where M is a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
-  band_tiles: the warp-specialised gmm kernels (warp_specialized: bf16 gmm, FP8 gmm with K-major rhs and FP8
-    masked_gmm): their persistent tile order, in bands of band_tiles row tiles with the row tile fastest inside a
-    band (programs running at once then share rhs column panels: on an H100, 8 ran mixtral's bf16 forward 1.26x
-    faster than row-major), or row-major (1). 1..64; other kernels ignore it (gmm_kernel's order is bands of 8 row
-    tiles of a group).
+  band_tiles: the bf16 warp-specialised gmm (warp_specialized): its persistent tile order, in bands of band_tiles
+    row tiles with the row tile fastest inside a band (programs running at once then share rhs column panels: on
+    an H100, 8 ran mixtral's forward 1.26x faster than row-major), or row-major (1). 1..64; other kernels ignore it
+    (gmm_kernel's order is bands of 8 row tiles of a group).
   cluster_size: the bf16 warp-specialised gmm: 2 runs it on clusters of two CTAs (triton_kernels/gmm_ws_cluster.py:
     a cluster computes 128 rows x 2 block_n columns, each K step's lhs tile loaded once and multicast into both
     CTAs, 17% fewer operand bytes at block_n 256) where block_n is 128 or 256 and Triton has Gluon's clusters

@@ -82,13 +82,10 @@ _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 
 # of one 128-wide scale block, or half of one.
 _FP8 = [_C(128, 128, 128, 8, 4), _C(128, 128, 128, 4, 4), _C(128, 256, 128, 8, 3), _C(64, 128, 128, 4, 5),
         _C(64, 256, 128, 4, 4), _C(128, 128, 64, 8, 6)]
-# The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere; the
-# wider two also in bands of 8 row tiles (Config.band_tiles).
+# The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere.
 _FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
            _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True),
-           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True),
-           _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True, band_tiles=8),
-           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True, band_tiles=8)]
+           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True)]
 # The warp-specialised FP8 tgmm's (lhs (K, M), rhs (N, M)): 128 x block_n tiles of out (K, N), 128 rows of M a step;
 # the most stages its shared memory holds with bf16 out (geometry.tgmm_fp8_ws_ok), and one fewer at 128 wide.
 _TGMM_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),

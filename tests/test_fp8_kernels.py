@@ -398,12 +398,12 @@ class GpuFp8Test(Fp8KernelTestBase):
 
   @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False), m=(3000, 3008))
   def test_tgmm(self, transpose_lhs, transpose_rhs, m):
-    k, n = 1000, 520
+    k, n, groups = 1000, 520, 5
     lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
     rhs_mn, rhs_scale = self.quantized((m, n), "128x1")
     lhs, lhs_scale_arg = (lhs_mk, lhs_scale) if transpose_lhs else (lhs_mk.T, lhs_scale.T)
     rhs, rhs_scale_arg = (rhs_mn.T, rhs_scale.T) if transpose_rhs else (rhs_mn, rhs_scale)
-    sizes = np.array([0, 1000, 7, 1800, m - 2900], np.int32)  # 5 groups
+    sizes = np.array([0, 1000, 7, 1800, m - 2900], np.int32)
     out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale_arg,
                     transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
     want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs_mn, rhs_scale, "128x1"),
@@ -442,13 +442,11 @@ class GpuFp8Test(Fp8KernelTestBase):
     jnp.full(out.shape, jnp.nan, out.dtype).block_until_ready().delete()
     return fn(*args)
 
-  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES, tile=((128, 128), (128, 256), (192, 128)),
-                         band_tiles=(1, 5))
-  def test_warp_specialized_masked(self, k, recipes, tile, band_tiles):
+  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES, tile=((128, 128), (128, 256), (192, 128)))
+  def test_warp_specialized_masked(self, k, recipes, tile):
     """gmm_fp8_ws_kernel (where K % 16 == 0; the plain kernel with the same config else, a ValueError for 192-row
     tiles): masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding
-    NaN data and scales, row tiles past max_m and column tiles past N, the last K block partial; tiles row-major or
-    in bands of 5 row tiles (Config.band_tiles: bands across groups, the last one cut short)."""
+    NaN data and scales, row tiles past max_m and column tiles past N, the last K block partial."""
     groups, max_m, n = 6, 300, 1000
     x, x_scale = self.quantized((groups, max_m, k), recipes[0])
     w, w_scale = self.quantized((groups, n, k), recipes[1])
@@ -459,8 +457,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     x_nan = jnp.where(past[..., None], jnp.nan, x.astype(jnp.float32)).astype(x.dtype)
     x_scale_nan = jnp.where(past.reshape(past.shape + (1,) * (x_scale.ndim - 2)), jnp.nan, x_scale)
     # float32 out: 192-row tiles fit the shared memory with three stages (a fourth would need 268 KB).
-    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile == (128, 128) else 3,
-                                 band_tiles=band_tiles)
+    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile == (128, 128) else 3)
     fn = jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], preferred_element_type=jnp.float32,
                                             config=config))
     if tile[0] == 192 and k % 16:
@@ -473,16 +470,14 @@ class GpuFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
 
-  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104), block_m=(128, 192), band_tiles=(1, 3))
-  def test_warp_specialized_gmm(self, k, recipes, n, block_m, band_tiles):
+  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104), block_m=(128, 192))
+  def test_warp_specialized_gmm(self, k, recipes, n, block_m):
     """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles: an empty
     group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with no
-    right half; tiles row-major or in bands of 3 row tiles (the block scales follow the tile's row tile). K = 7 runs
-    the plain kernel (a ValueError for 192-row tiles)."""
+    right half. K = 7 runs the plain kernel (a ValueError for 192-row tiles)."""
     m, groups = 1000, 6
     config = dataclasses.replace(WS, block_n=256, num_stages=3) if n == 1104 else WS
     config = dataclasses.replace(WS, block_m=192, num_stages=3) if block_m == 192 else config  # float32 out
-    config = dataclasses.replace(config, band_tiles=band_tiles)
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
     sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
-                                        row_tile, store_half, tile_of)
+                                        store_half, tile_of)
 
 # cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
 _async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
@@ -67,7 +67,7 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr, BAND: gl.constexpr):
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
   """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
   operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
@@ -76,8 +76,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
-    r, _ = row_tile(schedule_ptr, t, num_n, BAND)
+    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
@@ -89,7 +88,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
                    BLOCK_N, BLOCK, True, sa_bytes, HALVES)
         if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
-          _tma_load(sa_desc, [r * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
+          _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
         step += 1
 
 
@@ -158,7 +157,7 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
-              HALVES: gl.constexpr, BAND: gl.constexpr):
+              HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -170,7 +169,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
+    g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = rows_in_half < half_rows
     col0 = ni * BLOCK_N
     right = col0 + BLOCK < N  # A wide tile's right half holds columns of out.
@@ -207,33 +206,32 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-                      HALVES: gl.constexpr, BAND: gl.constexpr):
+                      HALVES: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
   the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
   2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
   out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
-  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers; tiles in
-  gmm_ws.row_tile's order (BAND)."""
+  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES, BAND)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES, BAND)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, BAND)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES, BAND)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES, BAND)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES, BAND)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, BAND)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])

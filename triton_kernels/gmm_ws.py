@@ -36,9 +36,10 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def row_tile(schedule_ptr, t, num_n, BAND: gl.constexpr):
-  """(row tile, column tile) of tile t: row-major over (row tiles, num_n) (BAND = 1), or in bands of BAND row tiles
-  with the row tile fastest inside a band (common.tile_coords' order: programs running at once share rhs panels)."""
+def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1):
+  """(group, first row, rows of the group, rows to store, column tile) of tile t: row-major over (row tiles,
+  num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords'
+  order: programs running at once share rhs panels)."""
   if BAND == 1:
     r = t // num_n
     ni = t % num_n
@@ -48,19 +49,12 @@ def row_tile(schedule_ptr, t, num_n, BAND: gl.constexpr):
     band_rows = gl.minimum(gl.load(schedule_ptr) - band * BAND, BAND)
     r = band * BAND + within % band_rows
     ni = within // band_rows
-  return r, ni
-
-
-@gluon.jit
-def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """(group, first row, rows of the group, rows to store, column tile) of tile t (row_tile's order)."""
-  r, ni = row_tile(schedule_ptr, t, num_n, BAND)
   return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
           gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit
-def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
+def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1):
   """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
   half, rows to store of its half, column tile)."""
   g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
