@@ -398,12 +398,12 @@ class GpuFp8Test(Fp8KernelTestBase):
 
   @parameterized.product(transpose_lhs=(True, False), transpose_rhs=(True, False), m=(3000, 3008))
   def test_tgmm(self, transpose_lhs, transpose_rhs, m):
-    k, n, groups = 1000, 520, 5
+    k, n = 1000, 520
     lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
     rhs_mn, rhs_scale = self.quantized((m, n), "128x1")
     lhs, lhs_scale_arg = (lhs_mk, lhs_scale) if transpose_lhs else (lhs_mk.T, lhs_scale.T)
     rhs, rhs_scale_arg = (rhs_mn.T, rhs_scale.T) if transpose_rhs else (rhs_mn, rhs_scale)
-    sizes = np.array([0, 1000, 7, 1800, m - 2900], np.int32)
+    sizes = np.array([0, 1000, 7, 1800, m - 2900], np.int32)  # 5 groups
     out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale_arg, rhs_scale=rhs_scale_arg,
                     transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
     want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), oracle.dequantize(rhs_mn, rhs_scale, "128x1"),
