@@ -137,13 +137,22 @@ def allocate_boxes(lhs_dtype: gl.constexpr, LHS_BOX: gl.constexpr, LHS_LAYOUT: g
 
 
 @gluon.jit
-def release_stages(ready, empty, step, k_steps, S: gl.constexpr):
-  """A consumer whose half of the tile holds no row: waits for and releases the k_steps stages from `step` on,
-  so that its phases stay in step with the other consumer's."""
+def release(empty, cluster_empty, slot, pred, CTAS: gl.constexpr):
+  """A consumer is done with stage slot (if pred): its CTA's empty barrier and, on clusters of 2 CTAs (CTAS), CTA 0's
+  cluster_empty (gmm_ws_cluster's protocol)."""
+  mbarrier.arrive(empty.index(slot), pred=pred)
+  if CTAS == 2:
+    mbarrier.arrive(cluster_empty.index(slot), pred=pred)
+
+
+@gluon.jit
+def release_stages(ready, empty, step, k_steps, S: gl.constexpr, cluster_empty=None, CTAS: gl.constexpr = 1):
+  """A consumer whose half of the tile holds no row: waits for and releases (`release`) the k_steps stages from
+  `step` on, so that its phases stay in step with the other consumer's."""
   for kk in range(k_steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-    mbarrier.arrive(empty.index(slot))
+    release(empty, cluster_empty, slot, True, CTAS)
 
 
 @gluon.jit
@@ -163,18 +172,28 @@ def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.conste
 
 
 @gluon.jit
-def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
-              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
-  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
+             N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+             TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr,
+             CTAS: gl.constexpr):
+  """Consumer H: rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator per CTA. CTAS = 2
+  (gmm_ws_cluster_kernel): a tile is 2 BLOCK_N columns wide, its accumulator and output halves cluster-level tensors
+  split by columns (each CTA BLOCK_N), and every stage is also released on the cluster's cluster_empty (unused with
+  CTAS = 1)."""
+  cols: gl.constexpr = CTAS * BLOCK_N
+  if CTAS == 1:
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+  else:
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16], cga_layout=[[0, 1]])
+  num_n: gl.constexpr = (N + cols - 1) // cols
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cols], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
-    acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       for kk in range(k_steps):
         slot = (step + kk) % S
@@ -184,15 +203,15 @@ def _consumer(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bu
           b = b.permute((1, 0))
         acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        mbarrier.arrive(empty.index((step + kk + S - 1) % S), pred=kk > 0)  # The previous step's stage.
+        release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      mbarrier.arrive(empty.index((step + k_steps - 1) % S))
+      release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_steps, S)
+      release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
     if rows > 0:
       step += k_steps
     if half_store > 0:
-      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_store, N, BLOCK_N, OUT_LAYOUT)
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
@@ -205,10 +224,10 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
   shared-memory layout OUT_LAYOUT); BAND: tile_of's order."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
-      (_consumer, (lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
+      (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1)),
+      (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
                  TRANSPOSE_RHS, BAND)),
   ], [4, 1], [232, 40])

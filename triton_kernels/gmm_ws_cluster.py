@@ -28,15 +28,15 @@ Written at cluster level (Gluon >= 3.7: each layout's cga_layout says how the 2 
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, store_half, tile_of
+from jgmm.triton_kernels.gmm_ws import HALF, consumer, tile_of
 
-# cga_layout of the cluster-level tensors: the same in both CTAs, or split between them by rows or by columns.
+# cga_layout of the cluster-level tensors: the same in both CTAs, or split between them by rows or by columns (the
+# accumulators: gmm_ws.consumer's with CTAS = 2).
 SHARED = [[0, 0]]
 ROW_SPLIT = [[1, 0]]
 COL_SPLIT = [[0, 1]]
-ACC_CGA = gl.constexpr(COL_SPLIT)
 
 
 def supported():
@@ -78,53 +78,6 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clus
 
 
 @gluon.jit
-def _release(empty, cluster_empty, slot, pred):
-  """A consumer is done with stage slot (if pred): its CTA's empty barrier and CTA 0's cluster_empty."""
-  mbarrier.arrive(empty.index(slot), pred=pred)
-  mbarrier.arrive(cluster_empty.index(slot), pred=pred)
-
-
-@gluon.jit
-def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
-              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr):
-  """gmm_ws_kernel's consumer H (rows [64 H, 64 H + 64) of the tile) with a cluster-level (64, 2 BLOCK_N)
-  accumulator, 64 x BLOCK_N in each CTA; each stage released on both barriers."""
-  cluster_n: gl.constexpr = 2 * BLOCK_N
-  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16], cga_layout=ACC_CGA)
-  num_nc: gl.constexpr = (N + cluster_n - 1) // cluster_n
-  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cluster_n], OUT_LAYOUT)
-  step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
-    _, row, rows, half_rows, half_store, nc = consumer_tile(schedule_ptr, t, num_nc, R_MAX, H, BAND)
-    acc = gl.zeros((HALF, cluster_n), dtype=gl.float32, layout=acc_layout)
-    if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      _release(empty, cluster_empty, (step + k_steps - 1) % S, True)
-    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        _release(empty, cluster_empty, slot, True)
-    if rows > 0:
-      step += k_steps
-    if half_store > 0:
-      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, nc * cluster_n, half_store, N, cluster_n, OUT_LAYOUT)
-  tma.store_wait(pendings=0)
-
-
-@gluon.jit
 def gmm_ws_cluster_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
                           R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
                           TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
@@ -144,10 +97,10 @@ def gmm_ws_cluster_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.co
     mbarrier.init(empty.index(s), count=2)  # This CTA's consumers.
     mbarrier.init(cluster_empty.index(s), count=2)  # x 2 CTAs (Gluon doubles a two_ctas barrier's count).
   gl.warp_specialize([
-      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
-      (_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
-                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
+      (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
+                  BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 2)),
+      (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
+                  BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 2)),
       (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K, N, R_MAX, BLOCK_N,
                  BLOCK_K, S, TRANSPOSE_RHS, BAND)),
   ], [4, 1], [232, 40])
