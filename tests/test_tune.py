@@ -442,6 +442,19 @@ class CandidatesTest(absltest.TestCase):
     self.assertLess(len(tune.candidates(small, tune.candidate_space(small, "small"), "sm86", ["triton"])),
                     len(tune.candidates(small, tune.candidate_space(small, "small"), "sm90", ["triton"])))
 
+  def test_bf16_ws_orders_and_clusters_are_screened_where_they_run(self):
+    """gmm and gmm_t keys screen the ws kernel in bands of 8, and on 2-CTA clusters only where this Triton has them
+    (elsewhere the cluster configs would time the one-CTA kernel again); tgmm and masked keys screen neither."""
+    for supported in (False, True):
+      with mock.patch.object(tune.gmm_ws_cluster, "supported", return_value=supported):
+        for op in ("gmm", "gmm_t", "tgmm", "masked"):
+          key = config_table.make_key(op, "bfloat16", "bfloat16", 1024, 4096, 14336, 8, transpose=op == "gmm_t")
+          configs = tune.candidate_space(key, "small")
+          ws = op in ("gmm", "gmm_t")
+          self.assertEqual(any(c.band_tiles == 8 and c.cluster_size == 1 for c in configs), ws, (op, supported))
+          self.assertEqual(any(c.cluster_size == 2 for c in configs), ws and supported, (op, supported))
+          self.assertTrue(all(c.warp_specialized for c in configs if c.band_tiles > 1 or c.cluster_size > 1))
+
   def test_fp8_spaces_step_within_a_scale_block_and_screen_each_kernels_ws_tilings(self):
     self.assertEqual(config_table.FP8_SCALE_BLOCK, gmm_fp8.SCALE_BLOCK.value)
     fp8_ws = {(128, 128), (128, 256), (192, 128)}
