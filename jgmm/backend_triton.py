@@ -92,7 +92,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   cols = ctas * config.block_n  # Columns of a program's (a cluster's) tile.
 
   def layout(block, dtype, cga):  # cga: how a cluster's CTAs share the box (gmm_ws_cluster's docstring).
-    return gmm_ws_cluster.shared_layout(block, dtype.name, cga) if cluster else gmm_ws.shared_layout(block, dtype.name)
+    return gmm_ws.shared_layout(block, dtype.name, cga if cluster else None)
 
   lhs_block = (gmm_ws.HALF.value, config.block_k)
   rhs_view, rhs_block = ((num_groups * n, k), (cols, config.block_k)) if transpose_rhs else (

@@ -233,10 +233,12 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
   ], [4, 1], [232, 40])
 
 
-def shared_layout(block_shape, dtype_name):
+def shared_layout(block_shape, dtype_name, cga_layout=None):
   """The shared-memory layout of a (rows, columns) tile of dtype_name (a numpy name: "bfloat16", "float16",
-  "float32", "float8_e4m3fn") in gmm_ws_kernel or gmm_fp8_ws_kernel: what their host descriptors and OUT_LAYOUT
-  declare."""
+  "float32", "float8_e4m3fn") in gmm_ws_kernel, gmm_ws_cluster_kernel or gmm_fp8_ws_kernel: what their host
+  descriptors and OUT_LAYOUT declare. cga_layout: for a cluster-level box, how the cluster's CTAs share it
+  (gmm_ws_cluster.SHARED, ROW_SPLIT or COL_SPLIT; Triton >= 3.7); None outside clusters."""
   dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16, "float32": gl.float32,
            "float8_e4m3fn": gl.float8e4nv}[dtype_name]
-  return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype)
+  cluster = {} if cga_layout is None else {"cga_layout": cga_layout}
+  return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype, **cluster)

@@ -105,9 +105,3 @@ def gmm_ws_cluster_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.co
                  BLOCK_K, S, TRANSPOSE_RHS, BAND)),
   ], [4, 1], [232, 40])
 
-
-def shared_layout(block_shape, dtype_name, cga_layout):
-  """The shared-memory layout of a cluster-level (rows, columns) box of dtype_name ("bfloat16" or "float16") shared
-  between the CTAs as cga_layout says (SHARED, ROW_SPLIT or COL_SPLIT)."""
-  dtype = {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype_name]
-  return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype, cga_layout=cga_layout)
