@@ -93,86 +93,25 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
 
 
 @gluon.jit
-def _block_scales(sa_buf, s_buf, ROWS: gl.constexpr, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
-                  RHS_BLOCKS: gl.constexpr):
-  """A stage's (64,) row vector of block scales for consumer H and column half R (layout ROWS): its 64 lhs scales
-  in sa_buf times the rhs block scale in s_buf, either alone where the recipe has only one (1.0 without either:
-  the product is added unscaled)."""
+def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
+                 RHS_BLOCKS: gl.constexpr):
+  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales where the recipe has
+  them (consumer H's 64 lhs scales in sa_buf times the rhs block scale of column half R in s_buf), read from shared
+  memory while the wgmmas run. The wgmma nominally reads `after` (use_acc=False ignores its value): given the
+  accumulator updated last, LLVM keeps that update before these wgmmas instead of sinking it past them (two
+  products live at once: spills)."""
+  product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
+  ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   if LHS_BLOCKS:
     scale = sa_buf.reshape([sa_buf.shape[1]]).slice(H * HALF, HALF).load(ROWS)
     if RHS_BLOCKS:
       scale = scale * s_buf.slice(R * HALF, HALF).load(ROWS)
   elif RHS_BLOCKS:
     scale = s_buf.slice(R * HALF, HALF).load(ROWS)
-  else:
-    scale = gl.full([HALF], 1.0, gl.float32, ROWS)
-  return scale
-
-
-@gluon.jit
-def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
-                 RHS_BLOCKS: gl.constexpr):
-  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales where the recipe has
-  them (_block_scales), read from shared memory while the wgmmas run. The wgmma nominally reads `after` (use_acc=False
-  ignores its value): given the accumulator updated last, LLVM keeps that update before these wgmmas instead of
-  sinking it past them (two products live at once: spills)."""
-  product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
-  ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-  scale = _block_scales(sa_buf, s_buf, ROWS, H, R, LHS_BLOCKS, RHS_BLOCKS)
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
   if LHS_BLOCKS or RHS_BLOCKS:
     return acc + product * gl.expand_dims(scale, 1)
   return acc + product
-
-
-@gluon.jit
-def _issue(a_bufs, b_bufs, ready, acc, step, S: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr):
-  """Consumer H's product of stage `step` (128 wide), issued once the stage has landed; returned in flight."""
-  slot = step % S
-  mbarrier.wait(ready.index(slot), (step // S) & 1)
-  return warpgroup_mma(a_bufs.index(HALVES * slot + H), b_bufs.index(slot).permute((1, 0)), acc, use_acc=False,
-                       is_async=True)
-
-
-@gluon.jit
-def _retire(acc, product, sa_bufs, s_bufs, empty, step, outstanding: gl.constexpr, S: gl.constexpr, H: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr):
-  """acc + product scaled by stage `step`'s block scales, once the product is done (`outstanding` later products
-  still in flight); releases the stage."""
-  product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
-  slot = step % S
-  if LHS_BLOCKS or RHS_BLOCKS:
-    scale = _block_scales(sa_bufs.index(slot), s_bufs.index(slot), gl.SliceLayout(1, acc.type.layout), H, 0,
-                          LHS_BLOCKS, RHS_BLOCKS)
-    acc = acc + product * gl.expand_dims(scale, 1)
-  else:
-    acc = acc + product
-  mbarrier.arrive(empty.index(slot))
-  return acc
-
-
-@gluon.jit
-def pipelined_steps(acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
-                    LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr):
-  """acc + consumer H's products with its 128-wide rhs tile over k_steps (> 0) K blocks from stage `step` on, two
-  products in flight: block kk + 1's issued before block kk's is promoted, so the tensor cores run while this
-  consumer promotes (tgmm_fp8_ws's pipelined reduction). Unrolled by two, so that no loop-carried copy reads a
-  product in flight (ptxas would serialise the wgmmas)."""
-  p0 = _issue(a_bufs, b_bufs, ready, acc, step, S, H, HALVES)
-  for j in range((k_steps - 1) // 2):
-    kk = step + 2 * j + 1
-    p1 = _issue(a_bufs, b_bufs, ready, acc, kk, S, H, HALVES)
-    acc = _retire(acc, p0, sa_bufs, s_bufs, empty, kk - 1, 1, S, H, LHS_BLOCKS, RHS_BLOCKS)
-    p0 = _issue(a_bufs, b_bufs, ready, acc, kk + 1, S, H, HALVES)
-    acc = _retire(acc, p1, sa_bufs, s_bufs, empty, kk, 1, S, H, LHS_BLOCKS, RHS_BLOCKS)
-  last = step + k_steps - 1
-  if k_steps % 2 == 0:
-    p1 = _issue(a_bufs, b_bufs, ready, acc, last, S, H, HALVES)
-    acc = _retire(acc, p0, sa_bufs, s_bufs, empty, last - 1, 1, S, H, LHS_BLOCKS, RHS_BLOCKS)
-    acc = _retire(acc, p1, sa_bufs, s_bufs, empty, last, 0, S, H, LHS_BLOCKS, RHS_BLOCKS)
-  else:
-    acc = _retire(acc, p0, sa_bufs, s_bufs, empty, last, 0, S, H, LHS_BLOCKS, RHS_BLOCKS)
-  return acc
 
 
 @gluon.jit
@@ -185,25 +124,21 @@ def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, 
   acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once for 256
   columns; a right half past N, TMA zeros or the next group's rows, is computed and never stored); else acc_right
   is returned as given."""
-  if WIDE or HALVES == 3:
-    for kk in range(k_steps):
-      slot = (step + kk) % S
-      mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-      a = a_bufs.index(HALVES * slot + H)
-      b = b_bufs.index(slot)
-      s_buf = s_bufs.index(slot)
-      sa_buf = sa_bufs.index(slot)
-      if WIDE:
-        acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, sa_buf, s_buf, H, 0, LHS_BLOCKS,
-                           RHS_BLOCKS)
-        acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, s_buf, H, 1,
-                                 LHS_BLOCKS, RHS_BLOCKS)
-      else:
-        acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
-      mbarrier.arrive(empty.index(slot))
-  else:  # One accumulator and two products fit consumer's 240 registers.
-    acc = pipelined_steps(acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S, LHS_BLOCKS,
-                          RHS_BLOCKS, H, HALVES)
+  for kk in range(k_steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    a = a_bufs.index(HALVES * slot + H)
+    b = b_bufs.index(slot)
+    s_buf = s_bufs.index(slot)
+    sa_buf = sa_bufs.index(slot)
+    if WIDE:
+      acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, sa_buf, s_buf, H, 0, LHS_BLOCKS,
+                         RHS_BLOCKS)
+      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, s_buf, H, 1,
+                               LHS_BLOCKS, RHS_BLOCKS)
+    else:
+      acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
+    mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
 
@@ -219,7 +154,7 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
               HALVES: gl.constexpr):
@@ -243,7 +178,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, 
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_blocks, S,
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
                                     LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
@@ -268,7 +203,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, 
 
 
 @gluon.jit
-def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr,
+def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
                       HALVES: gl.constexpr):
@@ -282,20 +217,20 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
                    empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, k_blocks, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
                    empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
