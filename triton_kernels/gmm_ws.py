@@ -54,6 +54,84 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1)
 
 
 @gluon.jit
+def split_tail(num_tiles, k_steps, SPLIT: gl.constexpr):
+  """The persistent schedule's units: (units, tiles before the tail, tail tiles, parts, K steps per part). With
+  SPLIT, the tail (the last num_tiles % programs tiles, which would run while the other programs idle) is cut along
+  K into `parts` parts of `per` steps where at least two fit the programs (parts * tail <= programs), so that a
+  program's part of a tail tile is its last unit; else (or without SPLIT) every tile is one unit."""
+  programs = gl.num_programs(0)
+  tail = num_tiles % programs
+  parts = gl.minimum(programs // gl.maximum(tail, 1), k_steps)
+  if not SPLIT:
+    parts = 1
+  per = (k_steps + parts - 1) // parts
+  parts = (k_steps + per - 1) // per  # No empty part.
+  tail = tail * (parts > 1).to(gl.int32)
+  return num_tiles + (parts - 1) * tail, num_tiles - tail, tail, parts, per
+
+
+@gluon.jit
+def unit_of(u, main, tail, per, k_steps):
+  """(tile, first K step, K steps, part) of unit u of split_tail's schedule: unit u < main is tile u, whole; unit
+  main + j * tail + i is part j of tail tile main + i (part 0 stores the tile, the others add to it)."""
+  in_tail = (u >= main).to(gl.int32)
+  v = (u - main) * in_tail
+  part = v // gl.maximum(tail, 1)
+  tile = u + in_tail * (main + v % gl.maximum(tail, 1) - u)
+  first = part * per
+  steps = gl.minimum(k_steps - first, per + (1 - in_tail) * k_steps)  # per, or fewer in the last part.
+  return tile, first, steps, part
+
+
+# The split tail's exchange: per later part of a tail tile and consumer, its (64, 128) float32 partial sums (two
+# where the tile is 256 wide) and a flag that each of the consumer's 128 threads raises by one (a release) after
+# storing its share of them.
+THREADS = gl.constexpr(128)
+FLAG_LAYOUT = gl.BlockedLayout([1], [32], [4], [0])  # One flag pointer per thread.
+
+
+@gluon.jit
+def _partial_ptrs(partial_ptr, index, acc):
+  """Pointers, in acc's (64, 128) layout, to partial sum `index`: rows [64 index, 64 index + 64) of the (*, 128)
+  partials."""
+  rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc.type.layout))
+  cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+  return partial_ptr + (index * HALF + gl.expand_dims(rows, 1)) * acc.shape[1] + gl.expand_dims(cols, 0)
+
+
+@gluon.jit
+def share_partial(partial_ptr, flag_ptr, acc, acc_right, index, WIDE: gl.constexpr):
+  """Stores a later part's sum (acc; where WIDE, acc and acc_right as partials 2 index and 2 index + 1) as partial
+  `index`, then raises flag `index`."""
+  if WIDE:
+    gl.store(_partial_ptrs(partial_ptr, 2 * index, acc), acc)
+    gl.store(_partial_ptrs(partial_ptr, 2 * index + 1, acc_right), acc_right)
+  else:
+    gl.store(_partial_ptrs(partial_ptr, index, acc), acc)
+  gl.atomic_add(flag_ptr + index + gl.full([THREADS], 0, gl.int32, FLAG_LAYOUT), gl.full([THREADS], 1, gl.int32,
+                                                                                          FLAG_LAYOUT),
+                sem="release", scope="gpu")
+
+
+@gluon.jit
+def add_partials(partial_ptr, flag_ptr, acc, acc_right, index, stride, parts, WIDE: gl.constexpr):
+  """(acc, acc_right) plus the partial sums index + stride, index + 2 stride, ... of parts 1 .. parts - 1, each
+  once its flag shows every thread's store (programs of a persistent grid all run at once, and a later part is its
+  program's last unit: the wait ends)."""
+  for j in range(1, parts):
+    i = index + (j - 1) * stride
+    seen = gl.atomic_add(flag_ptr + i, 0, sem="acquire", scope="gpu")
+    while seen < THREADS:
+      seen = gl.atomic_add(flag_ptr + i, 0, sem="acquire", scope="gpu")
+    if WIDE:
+      acc = acc + gl.load(_partial_ptrs(partial_ptr, 2 * i, acc), cache_modifier=".cg")
+      acc_right = acc_right + gl.load(_partial_ptrs(partial_ptr, 2 * i + 1, acc_right), cache_modifier=".cg")
+    else:
+      acc = acc + gl.load(_partial_ptrs(partial_ptr, i, acc), cache_modifier=".cg")
+  return acc, acc_right
+
+
+@gluon.jit
 def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1):
   """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
   half, rows to store of its half, column tile)."""
