@@ -381,42 +381,27 @@ def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.
                    config.num_stages, config_table.shared_memory_limit(device.arch)))
 
 
-# gmm_fp8_ws_kernel splits its last wave's tiles where the tiles are fewer than this many waves of programs.
-_SPLIT_WAVES = 8
-
-
 def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device):
   """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
   (G, NB, KB) or (G, N), schedule of row_tiles tiles of config.block_m rows (_row_tiles' format); block scales of
-  lhs go to the kernel tile-major (_tile_scales). Where the tiles are few (under _SPLIT_WAVES waves of programs),
-  the kernel splits its last wave's tiles along K (gmm_ws.split_tail) and exchanges their partial sums through two
-  more outputs (float32 partials, zeroed int32 flags), dropped here."""
+  lhs go to the kernel tile-major (_tile_scales)."""
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
   halves = config.block_m // gmm_ws.HALF.value
-  tiles = row_tiles * geometry.cdiv(n, config.block_n)
-  programs = min(device.num_sms, tiles)
-  split = tiles < _SPLIT_WAVES * programs
-  exchanges = programs * halves * config.block_n // block if split else 1  # (64, 128) partial sums.
-  out, _, _ = ffi.triton_call(
+  return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
       ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles, config.block_m),
                            (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
-      kernel=gmm_fp8_ws.gmm_fp8_ws_kernel,
-      out_shape=[jax.ShapeDtypeStruct((m, n), out_dtype),
-                 jax.ShapeDtypeStruct((exchanges * gmm_ws.HALF.value, block), jnp.float32),
-                 jax.ShapeDtypeStruct((programs * halves if split else 1,), jnp.int32)],
-      zeroed_outputs=(2,) if split else (), grid=(programs,),
+      kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
-      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves,
-      SPLIT=split)
-  return out
+      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves)
 
 
 def _tile_scales(lhs_scale, schedule, row_tiles, block_m):

@@ -34,8 +34,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, add_partials, allocate, consumer_tile, load_stage,
-                                        release_stages, share_partial, split_tail, store_half, tile_of, unit_of)
+from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
+                                        store_half, tile_of)
 
 # cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
 _async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
@@ -67,23 +67,20 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr, SPLIT: gl.constexpr):
-  """gmm_ws's loader over split_tail's units, each stage with its block scales where the recipe has them: the lhs
-  ones by TMA with the operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that
-  expect)."""
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
+  """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
+  operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
-  units, main, tail, _, per = split_tail(gl.load(schedule_ptr) * num_n, k_steps, SPLIT)
   step = 0
-  for u in range(gl.program_id(0), units, gl.num_programs(0)):
-    t, first, steps, _ = unit_of(u, main, tail, per, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
-      for kk in range(first, first + steps):
+      for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
         if RHS_BLOCKS:
@@ -157,10 +154,10 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs, c_bufs,
-              sa_bufs, s_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-              BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr, SPLIT: gl.constexpr):
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+              LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
+              HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -170,10 +167,8 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_pt
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
-  units, main, tail, parts, per = split_tail(gl.load(schedule_ptr) * num_n, k_steps, SPLIT)
   step = 0
-  for u in range(gl.program_id(0), units, gl.num_programs(0)):
-    t, _, steps, part = unit_of(u, main, tail, per, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = rows_in_half < half_rows
     col0 = ni * BLOCK_N
@@ -183,19 +178,13 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_pt
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, steps, S,
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
                                     LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
-      if SPLIT:
-        if part > 0:  # A later part of a tail tile: its sum goes to part 0's program.
-          share_partial(partial_ptr, flag_ptr, acc, acc_right, (u - main - tail) * HALVES + H, WIDE)
-        elif u >= main:  # Part 0 of a tail tile: the other parts' sums.
-          acc, acc_right = add_partials(partial_ptr, flag_ptr, acc, acc_right, (u - main) * HALVES + H, tail * HALVES,
-                                        parts, WIDE)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, steps, S)
+      release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
-      step += steps
-    if (half_store > 0) & (part == 0):
+      step += k_steps
+    if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
       sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (without LHS_BLOCKS).
       acc = row_channel_scales(acc, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
@@ -215,9 +204,9 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_pt
 
 @gluon.jit
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
-                      partial_ptr, flag_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-                      BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-                      OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr, SPLIT: gl.constexpr):
+                      K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+                      LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+                      HALVES: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
   the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
   2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
@@ -228,26 +217,21 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT,
-                     0, HALVES, SPLIT)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT,
-                     1, HALVES, SPLIT)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, SPLIT)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT,
-                     0, HALVES, SPLIT)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT,
-                     1, HALVES, SPLIT)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partial_ptr, flag_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT,
-                     2, HALVES, SPLIT)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, SPLIT)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])

@@ -4,8 +4,8 @@ python docs/experiments/fp8_profile.py time [VARIANT,...] [CASE INDEX,...]
     interleaved TFLOP/s of each variant (default: all) on each case (default: all; valid rows; each call chains the
     product as bench_fp8 does), each output checked against the first variant's (DeepGEMM's diff); a variant named
     KERNEL:VARIANT runs docs/experiments/gmm_fp8_ws_KERNEL.py, a changed copy of the kernel (base: the kernel before
-    the change under test, `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`); one named
-    whole:VARIANT runs the tree's kernel without its split tail (every tile one unit); m192_* 192-row tiles
+    the change under test, `git show REV:triton_kernels/gmm_fp8_ws.py > docs/experiments/gmm_fp8_ws_base.py`); m192_*
+    192-row tiles
 python docs/experiments/fp8_profile.py ncu [VARIANT,...]
     each (case, variant) once more after a warm-up, between cudaProfilerStart/Stop, for
     `ncu --profile-from-start off` (docs/experiments/fp8_profile.sh), in the order printed
@@ -50,12 +50,6 @@ def case_fns(layout, g, rows, n, k):
     if name in MODULES:  # Traced here with that copy of the kernel.
       with mock.patch.object(backend_triton, "gmm_fp8_ws", MODULES[name]):
         f = f.trace(*args).lower().compile()
-    elif name.startswith("whole:"):  # Traced here without the split tail.
-      with mock.patch.object(backend_triton, "_SPLIT_WAVES", 0):
-        f = f.trace(*args).lower().compile()
-    elif name.split(":")[0] in ("nozero", "zero_only"):
-      with mock.patch.dict(os.environ, {"XSPLIT": name.split(":")[0]}):
-        f = f.trace(*args).lower().compile()
     fns[name] = functools.partial(f, *args)
   return fns, valid, runs
 
@@ -64,8 +58,7 @@ if __name__ == "__main__":
   print(jax.devices()[0].device_kind, flush=True)
   if len(sys.argv) > 2:  # A subset of the variants, e.g. blocks_128_s4,base:blocks_128_s4
     names = sys.argv[2].split(",")
-    MODULES = {name: importlib.import_module("gmm_fp8_ws_" + name.split(":")[0]) for name in names
-               if ":" in name and name.split(":")[0] not in ("whole", "nozero", "zero_only")}
+    MODULES = {name: importlib.import_module("gmm_fp8_ws_" + name.split(":")[0]) for name in names if ":" in name}
     VARIANTS = {name: VARIANTS[name.split(":")[-1]] for name in names}
   if len(sys.argv) > 3:  # A subset of the cases by index, e.g. 0,2,5
     CASES = [CASES[int(i)] for i in sys.argv[3].split(",")]
