@@ -4,9 +4,14 @@ shape) and prints ptxas's resource line and C75xx warnings, and the SASS's seque
 serialised them (session 6).
     JAX_PLATFORMS=cpu python docs/experiments/sass_wgmma.py BLOCK_M:BLOCK_N:STAGES:{n|t} ...   (t: rhs transposed)
 fp8:blocks / fp8:rowwise compile gmm_fp8_ws_kernel instead (masked, DeepSeek-V3's (4096, 7168); QGMMA shows as H):
-its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling).
-fp8:tgmm compiles tgmm_fp8_ws_kernel (fp8_gmm's d rhs of dsv3 gate-up: K = 7168, N = 4096, M = 32768; 128 x 256, 3
-stages)."""
+its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling);
+fp8:blocks:BLOCK_M:BLOCK_N:STAGES:K another tiling and K (default 128:128:4:7168).
+fp8:tgmm[:BLOCK_N] compiles tgmm_fp8_ws_kernel (fp8_gmm's d rhs of dsv3 gate-up: K = 7168, N = 4096, M = 32768; 128 x
+256 (or BLOCK_N), 3 stages).
+The PTX goes to Triton's ptxas, or to its ptxas-blackwell where that one is too old for the PTX's version (Triton
+3.9's bundled ptxas reads PTX 8.8, jgmm writes 9.0 for CUDA 13's); PTX_DIR=... also writes each kernel's PTX there.
+A lesson kept here: with a loop trip count the compiler knows, ptxas serialised a consumer loop that keeps two
+products in flight (C7514), while the same loop with a runtime count pipelined (docs/perf-notes.md, session 25)."""
 import os
 import re
 import subprocess
@@ -24,16 +29,18 @@ m, k, n, g = 32768, 2048, 1536, 128
 s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
 for arg in sys.argv[1:]:
   _compile._cache.clear()
-  if arg == "fp8:tgmm":
+  if arg.startswith("fp8:tgmm"):
     f8, fk, fn, fm, fg = jnp.float8_e4m3fn, 7168, 4096, 32768, 32
-    config = Config(block_m=128, block_n=256, block_k=128, num_stages=3, warp_specialized=True)
+    config = Config(block_m=128, block_n=int((arg.split(":")[2:] or [256])[0]), block_k=128, num_stages=3,
+                    warp_specialized=True)
     jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=dt,
                                                config=config)).trace(
         s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fk, fm // 128), jnp.float32),
         s((fn, fm // 128), jnp.float32)).lower(lowering_platforms=("cuda",))
   elif arg.startswith("fp8:"):
-    blocks, f8, fg, fm, fk, fn = arg == "fp8:blocks", jnp.float8_e4m3fn, 4, 1024, 7168, 4096
-    config = Config(block_m=128, block_n=128, block_k=128, num_stages=4, warp_specialized=True)
+    block_m, block_n, stages, fk = map(int, arg.split(":")[2:] or (128, 128, 4, 7168))
+    blocks, f8, fg, fm, fn = arg.startswith("fp8:blocks"), jnp.float8_e4m3fn, 4, 1024, 4096
+    config = Config(block_m=block_m, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
     jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=dt, expected_m=None, config=config)).trace(
         s((fg, fm, fk), f8), s((fg, fn, fk), f8), s((fg,), jnp.int32),
         s((fg, fm, fk // 128) if blocks else (fg, fm), jnp.float32),
@@ -50,8 +57,16 @@ for arg in sys.argv[1:]:
   with tempfile.TemporaryDirectory() as d:
     with open(f"{d}/k.ptx", "w") as f:
       f.write(compiled.asm["ptx"])
-    ptxas = subprocess.run([f"{BIN}/ptxas", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                           capture_output=True, text=True, check=True).stderr
+    if os.environ.get("PTX_DIR"):
+      with open(os.path.join(os.environ["PTX_DIR"], arg.replace(":", "_") + ".ptx"), "w") as f:
+        f.write(compiled.asm["ptx"])
+    for tool in ("ptxas", "ptxas-blackwell"):
+      run = subprocess.run([f"{BIN}/{tool}", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                           capture_output=True, text=True)
+      if "Unsupported .version" not in run.stderr:
+        break
+    run.check_returncode()
+    ptxas = run.stderr
     sass = subprocess.run([f"{BIN}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
                           check=True).stdout
   seq = "".join("H" if "GMMA" in line else "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
@@ -59,5 +74,5 @@ for arg in sys.argv[1:]:
   print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
   for line in ptxas.splitlines():
     if any(word in line for word in ("Used", "C75", "spill")):
-      print("  ptxas:", line.split("ptxas info    : ")[-1][:160])
+      print("  ptxas:", re.sub(r"^ptxas(-blackwell)? info\s*: ", "", line)[:160])
   print("  HGMMA/wait sequence:", seq)
