@@ -4,6 +4,10 @@ A GPU reads configs/<arch>-<model>.json where one ships for its model (<model>: 
 of other characters as "_", e.g. sm90-nvidia_h100_80gb_hbm3.json), else configs/<arch>.json (sm90.json: tuned on
 an H200). GPUs of one architecture can want different configs: on an H100 (less memory bandwidth, a smaller L2)
 the warp-specialised gmm measured 5-12% slower than gmm_kernel where it is the fastest on an H200.
+A shipped table may have an overlay per Triton version, <table>-triton<major>.<minor>.json (e.g.
+sm90-nvidia_h100_80gb_hbm3-triton3.6.json), whose entries replace the table's while that Triton runs: where the
+choice tuned under the newest Triton (what a pip user gets) runs differently under an older one (a config field the
+older one lacks, such as cluster_size before Triton 3.7), the overlay holds the choice tuned under the older one.
 JGMM_CONFIG_FILES=/a.json:/b.json merges user tables over it, earlier paths winning (any platform, the Triton
 interpreter included). `jgmm-tune` (jgmm/tune.py) writes such files.
 
@@ -258,22 +262,38 @@ def table_files(arch, device_kind=None):
   return model + [f"{arch}.json"]
 
 
+def overlay_file(name: str, triton: str) -> str:
+  """The name of table `name`'s overlay for Triton version `triton` ("3.6.0": <stem>-triton3.6.json)."""
+  return f"{name.removesuffix('.json')}-triton{'.'.join(triton.split('.')[:2])}.json"
+
+
+def _shipped(name):
+  """{Key: Entry} of configs/<name>; FileNotFoundError where configs/ holds none."""
+  return parse_table(resources.files("jgmm.configs").joinpath(name).read_text(), f"jgmm/configs/{name}")
+
+
 @functools.cache
-def shipped_table(arch: str | None, device_kind: str | None = None) -> dict[Key, Entry]:
-  """{Key: Entry} of the first of table_files(arch, device_kind) that configs/ holds, or {} if none (or no arch)."""
+def shipped_table(arch: str | None, device_kind: str | None = None, triton: str | None = None) -> dict[Key, Entry]:
+  """{Key: Entry} of the first of table_files(arch, device_kind) that configs/ holds, or {} if none (or no arch),
+  with its overlay for Triton version `triton` (overlay_file), where configs/ holds one, over it."""
   for name in table_files(arch, device_kind) if arch else ():
     try:
-      text = resources.files("jgmm.configs").joinpath(name).read_text()
+      table = _shipped(name)
     except FileNotFoundError:
       continue
-    return parse_table(text, f"jgmm/configs/{name}")
+    try:
+      table.update(_shipped(overlay_file(name, triton)) if triton else {})
+    except FileNotFoundError:
+      pass
+    return table
   return {}
 
 
 @functools.cache
 def _merged_table(arch, device_kind, files):
-  """{Key: Entry}: the user files (a ":"-separated list) over the shipped table, earlier files winning."""
-  merged = dict(shipped_table(arch, device_kind))
+  """{Key: Entry}: the user files (a ":"-separated list) over the shipped table (with the running Triton's
+  overlay), earlier files winning."""
+  merged = dict(shipped_table(arch, device_kind, triton_version()))
   for path in reversed([p for p in files.split(":") if p]):
     merged.update(read_table(path))
   return merged

@@ -191,14 +191,16 @@ class ShippedTableTest(TableTestBase):
   def test_a_model_with_its_own_table_reads_it(self):
     sm90 = config_table.shipped_table("sm90")
     for kind in (H100, H200):
-      own = config_table.shipped_table("sm90", kind)
+      own = config_table.shipped_table("sm90", kind, config_table.triton_version())  # What select() reads.
       self.assertLessEqual(set(sm90), set(own))  # A GPU's own table keeps the generic one's keys and adds more.
       differing = [k for k in own if k not in sm90 or own[k] != sm90[k]]
       self.assertNotEmpty(differing, kind)  # Else this test could not tell the tables apart.
       for k in differing:
         choice = config_table.select(k, arch="sm90", device_kind=kind)
         self.assertEqual((choice.source, choice.backend, choice.config), ("exact", own[k].backend, own[k].config))
-        self.assertEqual(os.path.basename(choice.file), config_table.table_files("sm90", kind)[0], (kind, k))
+        self.assertEqual(choice.file, own[k].file)  # The model's table (or its overlay for this Triton).
+        self.assertStartsWith(os.path.basename(choice.file),
+                              config_table.table_files("sm90", kind)[0].removesuffix(".json"), (kind, k))
         for other in (None, "NVIDIA B200"):  # GPUs without a table of their own read the generic one
           self.assertNotEqual(config_table.select(k, arch="sm90", device_kind=other).file, choice.file, k)
 
@@ -218,9 +220,47 @@ class ShippedTableTest(TableTestBase):
       self.assertEqual(sorted(map(str, keys - set(table))), [], kind)
       self.assertEqual([str(k) for k in table if k.op == "masked" and k not in keys], [], kind)
 
+  def test_a_triton_overlay_replaces_its_tables_entries_under_that_triton(self):
+    self.assertEqual(config_table.overlay_file("sm90-nvidia_h200.json", "3.6.0"), "sm90-nvidia_h200-triton3.6.json")
+    name = config_table.table_files("sm90", H100)[0]
+    overlay = config_table.parse_table(
+        resources.files("jgmm.configs").joinpath(config_table.overlay_file(name, "3.6.0")).read_text(), "overlay")
+    self.assertNotEmpty(overlay)
+    base = config_table.shipped_table("sm90", H100)
+    self.assertEqual(config_table.shipped_table("sm90", H100, "3.9.0"), base)  # No 3.9 overlay: the table.
+    under_36 = config_table.shipped_table("sm90", H100, "3.6.1")
+    self.assertEqual(set(under_36), set(base))  # An overlay replaces entries; it adds no key.
+    for k, e in overlay.items():
+      self.assertEqual(under_36[k].config, e.config, k)
+      self.assertNotEqual(under_36[k].config, base[k].config, k)
+      self.assertEqual(os.path.basename(under_36[k].file), config_table.overlay_file(name, "3.6.0"), k)
+    self.assertEqual({k: e for k, e in under_36.items() if k not in overlay},
+                     {k: e for k, e in base.items() if k not in overlay})
+    # select() reads the running Triton's overlay.
+    k = next(iter(overlay))
+    for version, want in (("3.6.0", overlay[k].config), ("3.9.0", base[k].config), (None, base[k].config)):
+      config_table._merged_table.cache_clear()
+      config_table._select.cache_clear()
+      with mock.patch.object(config_table, "triton_version", return_value=version):
+        self.assertEqual(config_table.select(k, arch="sm90", device_kind=H100).config, want, version)
+    config_table._merged_table.cache_clear()
+    config_table._select.cache_clear()
+
   def test_every_shipped_table_parses_and_covers_the_bench_cases(self):
+    """Every table covers the benchmark's keys; every Triton overlay (<table>-triton<version>.json) parses, holds
+    entries measured under its version, only keys of its table, and only choices that differ from the table's."""
     names = [f.name for f in resources.files("jgmm.configs").iterdir() if f.name.endswith(".json")]
+    overlays = [n for n in names if "-triton" in n]
+    names = [n for n in names if n not in overlays]
     self.assertIn("sm90.json", names)
+    for name in overlays:
+      base, version = name.removesuffix(".json").rsplit("-triton", 1)
+      self.assertEqual(config_table.overlay_file(base + ".json", version), name)
+      table = config_table.parse_table(resources.files("jgmm.configs").joinpath(base + ".json").read_text(), base)
+      for k, e in config_table.parse_table(resources.files("jgmm.configs").joinpath(name).read_text(), name).items():
+        self.assertTrue(e.triton.startswith(version + "."), (name, k, e.triton))
+        self.assertIn(k, table, name)
+        self.assertNotEqual((e.backend, e.config), (table[k].backend, table[k].config), (name, k))
     cases = [(8192, 4096, 14336, 8), (32768, 2048, 1536, 128), (32768, 7168, 4096, 32), (32768, 2048, 7168, 32),
              (512, 4096, 2048, 64)]  # jgmm/bench.py's CASES, which the shipped entries were tuned on
     for name in names:
