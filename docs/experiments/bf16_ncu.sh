@@ -6,17 +6,9 @@ set -x
 python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit --format=csv,noheader
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size
+metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size
 ncu --clock-control none --profile-from-start off --target-processes all \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --metrics $metrics \
   -o $OUT/bf16 -f python docs/experiments/bf16_ncu.py "$@" > $OUT/ncu_run.log 2>&1
 grep -v Warning $OUT/ncu_run.log | grep -i "GFLOP\|profiled\|error" ; tail -3 $OUT/ncu_run.log
-ncu -i $OUT/bf16.ncu-rep --page details --print-units base > $OUT/details.txt 2>&1
-ncu -i $OUT/bf16.ncu-rep --page raw --csv --metrics $metrics > $OUT/raw.csv 2>&1
-python - <<'P'
-import csv, os
-rows = list(csv.reader(open(os.environ["OUT"] + "/raw.csv")))
-keep = [i for i, h in enumerate(rows[0]) if h in ("Kernel Name",) or "__" in h]
-for r in rows:
-  print(" | ".join(r[i][:30] for i in keep))
-P
+bash docs/experiments/ncu_tables.sh $OUT/bf16.ncu-rep $metrics

@@ -17,15 +17,7 @@ if [[ $steps == *ncu* ]]; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --metrics $metrics -o $OUT/fp8 -f python docs/experiments/fp8_profile.py ncu > $OUT/ncu_run.log 2>&1
   grep profiled $OUT/ncu_run.log; tail -3 $OUT/ncu_run.log
-  ncu -i $OUT/fp8.ncu-rep --page details --print-units base > $OUT/details.txt 2>&1
-  ncu -i $OUT/fp8.ncu-rep --page raw --csv --metrics $metrics > $OUT/raw.csv 2>&1
-  python - <<'P'
-import csv, os
-rows = list(csv.reader(open(os.environ["OUT"] + "/raw.csv")))
-keep = [i for i, h in enumerate(rows[0]) if h in ("Kernel Name",) or "__" in h]
-for r in rows:
-  print(" | ".join(r[i][:28] for i in keep))
-P
+  bash docs/experiments/ncu_tables.sh $OUT/fp8.ncu-rep $metrics
 fi
 if [[ $steps == *src* ]]; then  # Stall reasons per SASS instruction of the contiguous case's block-scaled kernels.
   ncu --clock-control none --profile-from-start off --target-processes all -k regex:fp8_ws --launch-count 2 \
