@@ -236,15 +236,15 @@ class ShippedTableTest(TableTestBase):
       self.assertEqual(os.path.basename(under_36[k].file), config_table.overlay_file(name, "3.6.0"), k)
     self.assertEqual({k: e for k, e in under_36.items() if k not in overlay},
                      {k: e for k, e in base.items() if k not in overlay})
-    # select() reads the running Triton's overlay.
+    # select() reads the running Triton's overlay (its memos cleared around each patched version).
+    self.addCleanup(config_table._select.cache_clear)
+    self.addCleanup(config_table._merged_table.cache_clear)
     k = next(iter(overlay))
     for version, want in (("3.6.0", overlay[k].config), ("3.9.0", base[k].config), (None, base[k].config)):
       config_table._merged_table.cache_clear()
       config_table._select.cache_clear()
       with mock.patch.object(config_table, "triton_version", return_value=version):
         self.assertEqual(config_table.select(k, arch="sm90", device_kind=H100).config, want, version)
-    config_table._merged_table.cache_clear()
-    config_table._select.cache_clear()
 
   def test_every_shipped_table_parses_and_covers_the_bench_cases(self):
     """Every table covers the benchmark's keys; every Triton overlay (<table>-triton<version>.json) parses, holds
