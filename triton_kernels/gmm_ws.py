@@ -64,10 +64,14 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, 
 
 
 @gluon.jit
-def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr,
-            R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
-  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
+           N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+           TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr):
+  """Per step of each tile holding rows of its group: waits until the consumers released the stage (with CTAS = 2,
+  gmm_ws_cluster_kernel's, also the cluster's four on cluster_empty: a wait in CTA 0 only), then fills it
+  (load_stage; a tile is CTAS BLOCK_N columns wide)."""
+  cols: gl.constexpr = CTAS * BLOCK_N
+  num_n: gl.constexpr = (N + cols - 1) // cols
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
@@ -75,22 +79,31 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
-        mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, BLOCK_N,
-                   BLOCK_K, TRANSPOSE_RHS)
+        empty_bar = empty.index(slot)
+        phase = ((step // S) & 1) ^ 1
+        mbarrier.wait(empty_bar, phase)
+        if CTAS == 2:
+          mbarrier.wait(cluster_empty.index(slot), phase)
+        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, cols,
+                   BLOCK_K, TRANSPOSE_RHS, CTAS=CTAS)
         step += 1
 
 
 @gluon.jit
 def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
                N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-               EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2):
+               EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2, CTAS: gl.constexpr = 1):
   """The loader's TMA copies of step kk of a tile (group g, its rows from row0, column tile ni) into stage slot,
   counted by ready_bar: the tile's lhs halves of 64 rows (HALVES of them, a_bufs[HALVES * slot + h]) that hold rows
   of the group (a consumer whose half holds none skips it, so no load), the rhs tile (and EXTRA_BYTES the caller
-  copies by TMA into the stage)."""
-  half: gl.constexpr = lhs_desc.block_type.nbytes
-  base: gl.constexpr = rhs_desc.block_type.nbytes + EXTRA_BYTES
+  copies by TMA into the stage). CTAS = 2 (gmm_ws_cluster_kernel, BLOCK_N the cluster tile's columns): each CTA
+  expects the bytes it receives, and the lhs halves, the same in both CTAs, come by CTA 0's multicast."""
+  if CTAS == 1:
+    half: gl.constexpr = lhs_desc.block_type.nbytes
+    base: gl.constexpr = rhs_desc.block_type.nbytes + EXTRA_BYTES
+  else:
+    half: gl.constexpr = lhs_desc.nbytes_per_cta  # A whole (64, BLOCK_K) half in each CTA.
+    base: gl.constexpr = rhs_desc.nbytes_per_cta + EXTRA_BYTES
   for i in gl.static_range(HALVES):  # One expect fires: the bytes of the HALVES - i halves holding rows.
     if i == 0:
       mbarrier.expect(ready_bar, base + HALVES * half, pred=rows > (HALVES - 1) * HALF)
@@ -99,10 +112,13 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
     else:
       mbarrier.expect(ready_bar, base + (HALVES - i) * half,
                       pred=(rows > (HALVES - 1 - i) * HALF) & (rows <= (HALVES - i) * HALF))
-  _tma_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot))
-  for h in gl.static_range(1, HALVES):
-    _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h),
-              pred=rows > h * HALF)
+  for h in gl.static_range(HALVES):
+    has_rows = True if h == 0 else rows > h * HALF  # Half 0 has: the loaders call with rows > 0.
+    if CTAS == 1:  # (Triton 3.6's copy takes no multicast argument.)
+      _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h), pred=has_rows)
+    else:
+      _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h), pred=has_rows,
+                multicast=True)
   if TRANSPOSE_RHS:
     _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
   else:
@@ -228,8 +244,8 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
                   BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1)),
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
                   BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1)),
-      (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K, N, R_MAX, BLOCK_N, BLOCK_K, S,
-                 TRANSPOSE_RHS, BAND)),
+      (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N, BLOCK_K,
+                S, TRANSPOSE_RHS, BAND, 1)),
   ], [4, 1], [232, 40])
 
 

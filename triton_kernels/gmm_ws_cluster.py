@@ -28,9 +28,9 @@ Written at cluster level (Gluon >= 3.7: each layout's cga_layout says how the 2 
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from jgmm.triton_kernels.gmm_ws import HALF, consumer, tile_of
+from jgmm.triton_kernels.gmm_ws import HALF, consumer, loader
 
 # cga_layout of the cluster-level tensors: the same in both CTAs, or split between them by rows or by columns (the
 # accumulators: gmm_ws.consumer's with CTAS = 2).
@@ -42,39 +42,6 @@ COL_SPLIT = [[0, 1]]
 def supported():
   """Whether this Triton's Gluon has what the kernel needs (cluster mbarriers and TMA multicast: Triton >= 3.7)."""
   return hasattr(mbarrier, "allocate_mbarrier")
-
-
-@gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
-            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
-  """Per stage: waits until this CTA's consumers released it (and in CTA 0 all four, cluster_empty), loads this
-  CTA's rhs tile, and in CTA 0 multicasts the lhs halves holding rows of the group into both CTAs."""
-  half: gl.constexpr = lhs_desc.nbytes_per_cta  # A whole (64, BLOCK_K) half in each CTA.
-  base: gl.constexpr = rhs_desc.nbytes_per_cta
-  cluster_n: gl.constexpr = 2 * BLOCK_N
-  num_nc: gl.constexpr = (N + cluster_n - 1) // cluster_n
-  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_nc, gl.num_programs(0)):
-    g, row0, rows, _, nc = tile_of(schedule_ptr, t, num_nc, R_MAX, BAND)
-    if rows > 0:
-      for kk in range(k_steps):
-        slot = step % S
-        phase = ((step // S) & 1) ^ 1
-        mbarrier.wait(empty.index(slot), phase)
-        mbarrier.wait(cluster_empty.index(slot), phase)  # CTA 0 only (Gluon: a two_ctas barrier's wait).
-        ready_bar = ready.index(slot)
-        mbarrier.expect(ready_bar, base + 2 * half, pred=rows > HALF)
-        mbarrier.expect(ready_bar, base + half, pred=rows <= HALF)
-        tma.async_load(lhs_desc, [row0, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot), multicast=True)
-        tma.async_load(lhs_desc, [row0 + HALF, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot + 1),
-                       pred=rows > HALF, multicast=True)
-        if TRANSPOSE_RHS:
-          tma.async_load(rhs_desc, [g * N + nc * cluster_n, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
-        else:
-          tma.async_load(rhs_desc, [g * K + kk * BLOCK_K, nc * cluster_n], ready_bar, b_bufs.index(slot))
-        step += 1
 
 
 @gluon.jit
@@ -101,7 +68,7 @@ def gmm_ws_cluster_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.co
                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 2)),
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K, N, R_MAX,
                   BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 2)),
-      (_loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K, N, R_MAX, BLOCK_N,
-                 BLOCK_K, S, TRANSPOSE_RHS, BAND)),
+      (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K, N, R_MAX, BLOCK_N,
+                BLOCK_K, S, TRANSPOSE_RHS, BAND, 2)),
   ], [4, 1], [232, 40])
 
