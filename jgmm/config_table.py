@@ -281,10 +281,11 @@ def shipped_table(arch: str | None, device_kind: str | None = None, triton: str 
       table = _shipped(name)
     except FileNotFoundError:
       continue
-    try:
-      table.update(_shipped(overlay_file(name, triton)) if triton else {})
-    except FileNotFoundError:
-      pass
+    if triton:
+      try:
+        table.update(_shipped(overlay_file(name, triton)))
+      except FileNotFoundError:  # No overlay for this Triton: the table as tuned.
+        pass
     return table
   return {}
 

@@ -113,7 +113,7 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
       mbarrier.expect(ready_bar, base + (HALVES - i) * half,
                       pred=(rows > (HALVES - 1 - i) * HALF) & (rows <= (HALVES - i) * HALF))
   for h in gl.static_range(HALVES):
-    has_rows = True if h == 0 else rows > h * HALF  # Half 0 has: the loaders call with rows > 0.
+    has_rows = True if h == 0 else rows > h * HALF  # Half 0 always: loaders call only where rows > 0.
     if CTAS == 1:  # (Triton 3.6's copy takes no multicast argument.)
       _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h), pred=has_rows)
     else:
