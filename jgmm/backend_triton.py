@@ -87,10 +87,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + num_groups + 1
-  shared_memory = config_table.shared_memory_limit(device.arch)
-  chunks = geometry.gmm_ws_out_chunks(config.block_n, config.block_k, config.num_stages, shared_memory)
-  cluster = (config.cluster_size == 2 and config.block_n in (128, 256) and chunks == 1
-             and gmm_ws_cluster.supported())
+  cluster = config.cluster_size == 2 and config.block_n in (128, 256) and gmm_ws_cluster.supported()
   ctas = 2 if cluster else 1
   cols = ctas * config.block_n  # Columns of a program's (a cluster's) tile.
 
@@ -100,7 +97,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   lhs_block = (gmm_ws.HALF.value, config.block_k)
   rhs_view, rhs_block = ((num_groups * n, k), (cols, config.block_k)) if transpose_rhs else (
       (num_groups * k, n), (config.block_k, cols))
-  out_block = (gmm_ws.HALF.value, cols // chunks)
+  out_block = (gmm_ws.HALF.value, cols)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
@@ -112,7 +109,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws_cluster" if cluster else "jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
       TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=layout(out_block, out_dtype, gmm_ws_cluster.COL_SPLIT),
-      BAND=config.band_tiles, CHUNKS=chunks)
+      BAND=config.band_tiles)
 
 
 def _persistent_programs(config, device):

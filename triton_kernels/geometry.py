@@ -59,27 +59,12 @@ def gmm_tma_store_ok(m, n_out, out_itemsize, block_n):
 def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num_stages, shared_memory):
   """Whether gmm_ws_kernel (2-byte inputs and output) runs this shape and tiling: 128-row tiles, boxes of at
   most 256, TMA row strides of 16 bytes, a whole number of reduction steps per group unless rhs is transposed
-  (a step must not read the next group's rows), descriptor coordinates in int32, and its shared memory
-  (_gmm_ws_shared) within shared_memory bytes."""
-  chunks = gmm_ws_out_chunks(block_n, block_k, num_stages, shared_memory)
+  (a step must not read the next group's rows), descriptor coordinates in int32, and its shared memory (S
+  stages of a 128-row lhs tile and an rhs tile, two 64-row output tiles) within shared_memory bytes."""
+  stages = num_stages * (block_m * block_k + block_k * block_n) * 2
   return (block_m == 128 and _blocks_ok(block_n, block_k) and _strides_ok((k, n), 2)
           and (transpose_rhs or k % block_k == 0) and max(m, num_groups * max(k, n)) < _INT32_LIMIT
-          and _gmm_ws_shared(block_n, block_k, num_stages, chunks) <= shared_memory)
-
-
-def gmm_ws_out_chunks(block_n, block_k, num_stages, shared_memory):
-  """gmm_ws_kernel's CHUNKS: 1 (each consumer's 64-row output half through one buffer) where that fits
-  shared_memory bytes beside the stages, else 4 for 256-wide tiles (chunks of 64 columns through two buffers a
-  consumer: half the bytes; at 128 wide two such buffers save nothing)."""
-  whole = _gmm_ws_shared(block_n, block_k, num_stages, 1) <= shared_memory
-  return 4 if block_n == 256 and not whole else 1
-
-
-def _gmm_ws_shared(block_n, block_k, num_stages, chunks):
-  """gmm_ws_kernel's shared memory (bytes): S stages of a 128-row lhs tile and an rhs tile, and per consumer one
-  64 x block_n output buffer (chunks 1) or two 64 x block_n / chunks ones."""
-  stages = num_stages * (128 + block_n) * block_k * 2
-  return stages + 2 * (1 if chunks == 1 else 2) * 64 * (block_n // chunks) * 2
+          and stages + 2 * 64 * block_n * 2 <= shared_memory)
 
 
 def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, num_stages, shared_memory):

@@ -127,24 +127,23 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
 
 @gluon.jit
 def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-             HALVES: gl.constexpr = 2, CHUNKS: gl.constexpr = 1):
+             HALVES: gl.constexpr = 2):
   """A program's shared memory: S stages of HALVES lhs halves and one rhs tile (the descriptors' boxes), an output
-  half per consumer (CHUNKS = 4: two buffers of a 64 x BLOCK_N / 4 chunk per consumer, store_quarters'), and the
-  stages' `ready` (the loader's bytes landed) and `empty` (every consumer is done) mbarriers."""
+  half per consumer, and the stages' `ready` (the loader's bytes landed) and `empty` (every consumer is done)
+  mbarriers."""
   return allocate_boxes(lhs_desc.dtype, gl.constexpr(lhs_desc.block_type.shape), gl.constexpr(lhs_desc.layout),
                         rhs_desc.dtype, gl.constexpr(rhs_desc.block_type.shape), gl.constexpr(rhs_desc.layout),
-                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT, HALVES, CHUNKS)
+                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT, HALVES)
 
 
 @gluon.jit
 def allocate_boxes(lhs_dtype: gl.constexpr, LHS_BOX: gl.constexpr, LHS_LAYOUT: gl.constexpr, rhs_dtype: gl.constexpr,
                    RHS_BOX: gl.constexpr, RHS_LAYOUT: gl.constexpr, out_dtype: gl.constexpr, BLOCK_N: gl.constexpr,
-                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr = 2, CHUNKS: gl.constexpr = 1):
+                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr = 2):
   """allocate's buffers and barriers for lhs halves of LHS_BOX and rhs tiles of RHS_BOX (lists of two sizes)."""
   a_bufs = gl.allocate_shared_memory(lhs_dtype, [HALVES * S] + LHS_BOX, LHS_LAYOUT)
   b_bufs = gl.allocate_shared_memory(rhs_dtype, [S] + RHS_BOX, RHS_LAYOUT)
-  c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES * (1 if CHUNKS == 1 else 2), HALF, BLOCK_N // CHUNKS],
-                                     OUT_LAYOUT)
+  c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):
@@ -174,12 +173,11 @@ def release_stages(ready, empty, step, k_steps, S: gl.constexpr, cluster_empty=N
 
 @gluon.jit
 def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.constexpr, BLOCK_N: gl.constexpr,
-               OUT_LAYOUT: gl.constexpr, PENDINGS: gl.constexpr = 0):
+               OUT_LAYOUT: gl.constexpr):
   """Rows [row, row + half_store) of out (half_store <= 64) = the first rows of acc (64, BLOCK_N), through c_buf
   and a TMA store: out_desc's (over out (M, N)) for a whole half, else a descriptor ending at its last row, which
-  clips the store (no tile writes a row of another). PENDINGS: this consumer's stores issued after c_buf's last one
-  (store_quarters' other buffer), which may still be reading."""
-  tma.store_wait(pendings=PENDINGS)  # This consumer's previous TMA store from c_buf has read it (and its descriptor).
+  clips the store (no tile writes a row of another)."""
+  tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
   c_buf.store(acc.to(out_ptr.dtype.element_ty))
   fence_async_shared()
   if half_store == HALF:
@@ -190,28 +188,10 @@ def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.conste
 
 
 @gluon.jit
-def column_half(x, UPPER: gl.constexpr):
-  """Columns [0, n / 2) (or [n / 2, n) where UPPER) of x (rows, n). In a wgmma accumulator's layout every thread
-  holds columns all along n, so this moves no data between threads."""
-  lower, upper = gl.split(gl.permute(gl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), [0, 2, 1]))
-  return upper if UPPER else lower
-
-
-@gluon.jit
-def store_quarters(out_ptr, out_desc, c_bufs, H: gl.constexpr, acc, row, col, half_store, N: gl.constexpr,
-                   BLOCK_N: gl.constexpr, OUT_LAYOUT: gl.constexpr):
-  """store_half of acc (64, BLOCK_N) in four chunks of BLOCK_N / 4 columns, through consumer H's two buffers
-  c_bufs[2 H], c_bufs[2 H + 1] in turn (a chunk's conversion overlaps the previous chunk's store)."""
-  for i in gl.static_range(4):
-    store_half(out_ptr, out_desc, c_bufs.index(2 * H + i % 2), column_half(column_half(acc, i // 2), i % 2), row,
-               col + i * (BLOCK_N // 4), half_store, N, BLOCK_N // 4, OUT_LAYOUT, PENDINGS=1)
-
-
-@gluon.jit
 def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr,
-             CTAS: gl.constexpr, CHUNKS: gl.constexpr = 1):
+             CTAS: gl.constexpr):
   """Consumer H: rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator per CTA. CTAS = 2
   (gmm_ws_cluster_kernel): a tile is 2 BLOCK_N columns wide, its accumulator and output halves cluster-level tensors
   split by columns (each CTA BLOCK_N), and every stage is also released on the cluster's cluster_empty (unused with
@@ -225,7 +205,7 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
                                                          instr_shape=[16, BLOCK_N, 16], cga_layout=[[0, 1]])
   num_n: gl.constexpr = (N + cols - 1) // cols
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cols // CHUNKS], OUT_LAYOUT)
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cols], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
@@ -247,27 +227,23 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
     if rows > 0:
       step += k_steps
     if half_store > 0:
-      if CHUNKS == 1:
-        store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
-      else:
-        store_quarters(out_ptr, out_desc, c_bufs, H, acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, CHUNKS: gl.constexpr):
+                  OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
-  (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N /
-  CHUNKS), shared-memory layout OUT_LAYOUT); BAND: tile_of's order; CHUNKS: the output halves' stores
-  (CHUNKS 1 or 4: store_half, or store_quarters where the whole halves' buffers would leave no room for S stages)."""
-  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT, 2, CHUNKS)
+  (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
+  shared-memory layout OUT_LAYOUT); BAND: tile_of's order."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
-                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1, CHUNKS)),
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1)),
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
-                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1, CHUNKS)),
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N, BLOCK_K,
                 S, TRANSPOSE_RHS, BAND, 1)),
   ], [4, 1], [232, 40])

@@ -23,12 +23,6 @@ WS = {
                        cluster_size=2),
   "ws_cluster_band8": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
                              band_tiles=8, cluster_size=2),
-  # Session 26: four stages at 128 x 256, each consumer's output half stored in 64-column quarters (CHUNKS = 4).
-  "ws_band8_s4": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, warp_specialized=True,
-                        band_tiles=8),
-  "ws_s4": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, warp_specialized=True),
-  "ws_band8_k32s8": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=8, warp_specialized=True,
-                           band_tiles=8),
 }
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else [c[0] for c in CASES if c[0] != "decode-small"]
 picked = sys.argv[2].split(",") if len(sys.argv) > 2 else list(WS)
