@@ -66,18 +66,21 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, 
 @gluon.jit
 def prefetch_rhs(rhs_ptr, g, ni, kk, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                  TRANSPOSE_RHS: gl.constexpr):
-  """Brings step kk's rhs tile (group g, column tile ni) into L2: a bulk prefetch per row of the tile."""
+  """Brings step kk's rhs tile (group g, column tile ni) into L2: a prefetch per 128-byte line of the tile."""
   if TRANSPOSE_RHS:  # rhs (G * N, K): BLOCK_N rows of BLOCK_K elements.
-    r = gl.arange(0, BLOCK_N, layout=gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0]))
-    rows = gl.minimum(ni * BLOCK_N + r, N - 1)
-    ptrs = rhs_ptr + (g.to(gl.int64) * N + rows) * K + kk * BLOCK_K
-    nbytes = gl.minimum(K - kk * BLOCK_K, BLOCK_K) * 2 + gl.zeros_like(r)
+    PER_ROW: gl.constexpr = BLOCK_K * 2 // 128
+    LINES: gl.constexpr = BLOCK_N * PER_ROW
+    line = gl.arange(0, LINES, layout=gl.BlockedLayout([LINES // 32], [32], [1], [0]))
+    rows = gl.minimum(ni * BLOCK_N + line // PER_ROW, N - 1)
+    ptrs = rhs_ptr + (g.to(gl.int64) * N + rows) * K + gl.minimum(kk * BLOCK_K + line % PER_ROW * 64, K - 1)
   else:  # rhs (G * K, N): BLOCK_K rows of BLOCK_N elements.
-    r = gl.arange(0, BLOCK_K, layout=gl.BlockedLayout([BLOCK_K // 32], [32], [1], [0]))
-    ptrs = rhs_ptr + (g.to(gl.int64) * K + kk * BLOCK_K + r) * N + ni * BLOCK_N
-    nbytes = gl.minimum(N - ni * BLOCK_N, BLOCK_N) * 2 + gl.zeros_like(r)
-  gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                            [ptrs, nbytes], dtype=gl.int32, is_pure=False, pack=1)
+    PER_ROW: gl.constexpr = BLOCK_N * 2 // 128
+    LINES: gl.constexpr = BLOCK_K * PER_ROW
+    line = gl.arange(0, LINES, layout=gl.BlockedLayout([LINES // 32], [32], [1], [0]))
+    ptrs = (rhs_ptr + (g.to(gl.int64) * K + kk * BLOCK_K + line // PER_ROW) * N
+            + gl.minimum(ni * BLOCK_N + line % PER_ROW * 64, N - 1))
+  gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
+                            is_pure=False, pack=1)
 
 
 @gluon.jit
