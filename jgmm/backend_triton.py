@@ -102,14 +102,14 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
       ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)),
       ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
           rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT)),
-      *(() if cluster else (rhs,)), _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
+      _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
       kernel=gmm_ws_cluster.gmm_ws_cluster_kernel if cluster else gmm_ws.gmm_ws_kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms // ctas, row_tiles * geometry.cdiv(n, cols)),), num_ctas=ctas,
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws_cluster" if cluster else "jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
       TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=layout(out_block, out_dtype, gmm_ws_cluster.COL_SPLIT),
-      BAND=config.band_tiles, **({} if cluster else {"PREFETCH": int(os.environ.get("JGMM_WS_PREFETCH", "0"))}))
+      BAND=config.band_tiles)
 
 
 def _persistent_programs(config, device):

@@ -64,30 +64,9 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, 
 
 
 @gluon.jit
-def prefetch_rhs(rhs_ptr, g, ni, kk, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                 TRANSPOSE_RHS: gl.constexpr):
-  """Brings step kk's rhs tile (group g, column tile ni) into L2: a prefetch per 128-byte line of the tile."""
-  if TRANSPOSE_RHS:  # rhs (G * N, K): BLOCK_N rows of BLOCK_K elements.
-    PER_ROW: gl.constexpr = BLOCK_K * 2 // 128
-    LINES: gl.constexpr = BLOCK_N * PER_ROW
-    line = gl.arange(0, LINES, layout=gl.BlockedLayout([LINES // 32], [32], [1], [0]))
-    rows = gl.minimum(ni * BLOCK_N + line // PER_ROW, N - 1)
-    ptrs = rhs_ptr + (g.to(gl.int64) * N + rows) * K + gl.minimum(kk * BLOCK_K + line % PER_ROW * 64, K - 1)
-  else:  # rhs (G * K, N): BLOCK_K rows of BLOCK_N elements.
-    PER_ROW: gl.constexpr = BLOCK_N * 2 // 128
-    LINES: gl.constexpr = BLOCK_K * PER_ROW
-    line = gl.arange(0, LINES, layout=gl.BlockedLayout([LINES // 32], [32], [1], [0]))
-    ptrs = (rhs_ptr + (g.to(gl.int64) * K + kk * BLOCK_K + line // PER_ROW) * N
-            + gl.minimum(ni * BLOCK_N + line % PER_ROW * 64, N - 1))
-  gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
-                            is_pure=False, pack=1)
-
-
-@gluon.jit
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-           TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr, rhs_ptr=None,
-           PREFETCH: gl.constexpr = 0):
+           TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr):
   """Per step of each tile holding rows of its group: waits until the consumers released the stage (with CTAS = 2,
   gmm_ws_cluster_kernel's, also the cluster's four on cluster_empty: a wait in CTA 0 only), then fills it
   (load_stage; a tile is CTAS BLOCK_N columns wide)."""
@@ -107,9 +86,6 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
           mbarrier.wait(cluster_empty.index(slot), phase)
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, cols,
                    BLOCK_K, TRANSPOSE_RHS, CTAS=CTAS)
-        if PREFETCH > 0:
-          if kk + PREFETCH < k_steps:
-            prefetch_rhs(rhs_ptr, g, ni, kk + PREFETCH, K, N, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
         step += 1
 
 
@@ -256,9 +232,9 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
 
 
 @gluon.jit
-def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_ptr, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
-                  R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                  TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, PREFETCH: gl.constexpr):
+def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
+                  BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
+                  OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT); BAND: tile_of's order."""
@@ -269,7 +245,7 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_ptr, schedule_ptr, M, out_ptr, K: gl.c
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
                   BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N, BLOCK_K,
-                S, TRANSPOSE_RHS, BAND, 1, rhs_ptr, PREFETCH)),
+                S, TRANSPOSE_RHS, BAND, 1)),
   ], [4, 1], [232, 40])
 
 
