@@ -1,6 +1,7 @@
 """Where the bf16 forward's time goes on the compute-bound cases (issue 17): each kernel of jgmm.gmm (the table's
-choice), of its forward+backward and of torch._grouped_mm, run once after a warm-up between cudaProfilerStart/Stop
-for `ncu --profile-from-start off` (docs/experiments/bf16_ncu.sh), with each case's forward FLOPs.
+choice), of its forward+backward and of torch._grouped_mm's forward and forward+backward, run once after a warm-up
+between cudaProfilerStart/Stop for `ncu --profile-from-start off` (docs/experiments/bf16_ncu.sh), with each case's
+forward FLOPs.
 
 python docs/experiments/bf16_ncu.py [CASE,...]     (jgmm.bench's case names; default the three compute-bound ones)
 """
@@ -21,11 +22,12 @@ if __name__ == "__main__":
       continue
     inp = bench.Inputs(m, k, n, g)
     (gmm_fwd, gmm_fwd_bwd) = bench._jax_impls(inp)["jgmm"]
-    (torch_fwd, _), _ = bench._torch_impls(inp, m, k, n, g)
+    (torch_fwd, torch_fwd_bwd), _ = bench._torch_impls(inp, m, k, n, g)
     print(f"{name}: forward {2 * m * k * n / 1e9:.1f} GFLOP", flush=True)
     runs += [(name, "jgmm forward", gmm_fwd, timing.jax_sync), (name, "jgmm forward+backward", gmm_fwd_bwd,
                                                                  timing.jax_sync),
-             (name, "torch._grouped_mm forward", torch_fwd, bench._torch_sync)]
+             (name, "torch._grouped_mm forward", torch_fwd, bench._torch_sync),
+             (name, "torch._grouped_mm forward+backward", torch_fwd_bwd, bench._torch_sync)]
   for *_, f, sync in runs:  # Compiled and warm before the profiled pass.
     sync(f())
   torch.cuda.synchronize()
