@@ -24,6 +24,7 @@ from jgmm.triton_kernels import gmm_ws_cluster
 from jgmm.triton_kernels import quantize as quantize_kernels
 from jgmm.triton_kernels import tgmm_fp8_ws
 from jgmm.triton_kernels import tgmm as tgmm_kernels
+from jgmm.triton_kernels import tgmm_ws
 
 _DEFAULT_NUM_SMS = {90: 132, 80: 108}  # When lowering for JGMM_TARGET without such a GPU present.
 _INTERPRETER_PROGRAMS = 4  # Programs of a persistent grid under the interpreter (each runs in turn).
@@ -232,6 +233,11 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
                             bias_grad=bias_grad, config=None, precision=precision)
   config = choice.config
   accumulate = existing_out is not None
+  if (config.warp_specialized and device.arch == "sm90" and device.tma and transpose_lhs and not bias_grad
+      and not accumulate and lhs.dtype.name in ("bfloat16", "float16") and out_dtype.name in ("bfloat16", "float16")
+      and geometry.tgmm_ws_ok(m, k, n, num_groups, config.block_m, config.block_n, config.block_k,
+                              config.num_stages, config_table.shared_memory_limit(device.arch))):
+    return _tgmm_ws(lhs, rhs, bounds, out_dtype, config, device)
   out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
   out, dbias = ffi.triton_call(
@@ -245,6 +251,23 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
       ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
+
+
+def _tgmm_ws(lhs, rhs, bounds, out_dtype, config, device):
+  """tgmm of lhs (M, K) read transposed and rhs (M, N) through tgmm_ws_kernel (the caller checked that it applies)."""
+  m, k = lhs.shape
+  n = rhs.shape[1]
+  num_groups = bounds.shape[0] - 1
+  lhs_block, rhs_block = (config.block_k, gmm_ws.HALF.value), (config.block_k, config.block_n)
+  out_block = (gmm_ws.HALF.value, config.block_n)
+  tiles = num_groups * geometry.cdiv(k, tgmm_ws.BLOCK_M.value) * geometry.cdiv(n, config.block_n)
+  return ffi.triton_call(
+      ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
+      ffi.TensorDescriptor(rhs, rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)), bounds,
+      kernel=tgmm_ws.tgmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      grid=(min(device.num_sms, tiles),), num_warps=tgmm_ws.NUM_WARPS, maxnreg=tgmm_ws.MAXNREG,
+      name="jgmm_tgmm_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      S=config.num_stages, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name))
 
 
 def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precision):

@@ -393,6 +393,31 @@ class CrossLoweringTest(parameterized.TestCase):
       self.assertEqual(compiled.num_warps, 12)  # The consumer warpgroups and the loader warp, rounded up.
       self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
 
+  @parameterized.product(
+      shape=((8192, 4096, 14336, 8), (100, 64, 40, 3), (1000, 72, 2880, 4)),
+      dt=(jnp.bfloat16, jnp.float16, jnp.float32),
+      transpose_lhs=(False, True),
+  )
+  def test_tgmm_ws_compiles_for_sm90(self, shape, dt, transpose_lhs):
+    """The warp-specialised tgmm where it applies (2-byte floats, lhs (M, K) read transposed), tgmm_kernel elsewhere
+    and with a jaxlib that cannot build host TMA descriptors."""
+    m, k, n, groups = shape
+    s = jax.ShapeDtypeStruct
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    _, signatures = self.lower(
+        lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt, bias_grad=False,
+                                            config=config),
+        s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32))
+    applies = (transpose_lhs and dt != jnp.float32 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
+    (signature,) = signatures
+    self.assertEqual("OUT_LAYOUT" in signature, applies, signature)
+    if applies:
+      self.assertIn("[64, 64],NVMMASharedLayout(", signature["lhs_desc"])
+      self.assertIn("[64, 256],NVMMASharedLayout(", signature["rhs_desc"])
+      compiled = next(c for key, c in _compile._cache.items() if dict(key[1]) == signature)
+      self.assertEqual(compiled.num_warps, 12)  # The consumer warpgroups and the loader warp, rounded up.
+      self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
+
   @parameterized.parameters(False, True)
   def test_gmm_ws_cluster_compiles_for_sm90(self, transpose_rhs):
     """Config.cluster_size 2 (bands of 3 row tiles): under a Triton with Gluon's clusters (>= 3.7) the cluster kernel
@@ -584,6 +609,27 @@ class GpuKernelTest(KernelTestBase):
     self.assert_close(out, want, GPU_TOLERANCE[dtype], "out")
     self.assert_close(dbias, want_dbias, 1e-5, "dbias")
     np.testing.assert_array_equal(out[0], 0.0)
+
+  @parameterized.product(
+      (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=136, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+      dtype=("bf16", "f16"),
+      tile=(dict(block_n=256, num_stages=3), dict(block_n=128, num_stages=5)),
+  )
+  def test_tgmm_ws(self, m, k, n, groups, dtype, tile):
+    """The warp-specialised tgmm: random groups with empty ones and rows before and after them, groups ending
+    inside a step (their last step's rows past the group zeroed), K tiles of one consumer's half (K = 2880, 136,
+    72), N not a multiple of the tile, one group."""
+    dt = GPU_DTYPES[dtype]
+    lhs, rhs = self.normal((m, k), dt), self.normal((m, n), dt)
+    bounds = self.random_bounds(m, groups)
+    config = Config(block_m=128, block_k=64, num_warps=8, warp_specialized=True, **tile)
+    out = run_tgmm(lhs, rhs, bounds, transpose_lhs=True, out_dtype=dt, config=config)
+    want = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, True)[0]
+    self.assert_close(out, want, GPU_TOLERANCE[dtype])
+    out = np.asarray(out, np.float32)
+    for g in np.flatnonzero(np.diff(bounds) == 0):
+      np.testing.assert_array_equal(out[g], 0.0)
 
   @parameterized.parameters("bf16", "f16", "f32")
   def test_masked(self, dtype):

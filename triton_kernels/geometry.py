@@ -67,6 +67,13 @@ def gmm_ws_ok(m, k, n, num_groups, transpose_rhs, block_m, block_n, block_k, num
           and stages + 2 * 64 * block_n * 2 <= shared_memory)
 
 
+def tgmm_ws_ok(m, k, n, num_groups, block_m, block_n, block_k, num_stages, shared_memory):
+  """Whether tgmm_ws_kernel (2-byte lhs (M, K), rhs (M, N) and output) runs this shape and tiling: gmm_ws_ok's
+  tiles, strides, shared memory and int32 coordinates (out viewed (G * K, N)), with no whole-step rule (a step
+  starts at its group's first row, and the rows a last step reads past its group are zeroed)."""
+  return gmm_ws_ok(m, k, n, num_groups, True, block_m, block_n, block_k, num_stages, shared_memory)
+
+
 def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, num_stages, shared_memory):
   """Whether gmm_fp8_ws_kernel (FP8 inputs, K-major rhs) runs this shape and tiling: tiles of 128 x block_n (128 or
   256) x 128 or of 192 x 128 x 128, TMA row strides of 16 bytes (lhs and rhs rows of K FP8 bytes, out rows of N

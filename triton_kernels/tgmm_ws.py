@@ -1,0 +1,124 @@
+"""tgmm_ws_kernel: the Hopper (sm_90) tgmm of 2-byte floats (gmm's weight gradient), warp-specialised in Gluon.
+
+out[g] (K, N) = lhs[rows of g].T @ rhs[rows of g]: lhs (M, K), rhs (M, N), out (G, K, N) viewed (G * K, N).
+
+gmm_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N: t = program id, + programs, ...; tile
+t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are consecutive: its rows stay in L2). A
+TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K rows [64 H, 64 H + 64) of
+the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
+MN-major operand). A step starts at the group's first row plus a multiple of BLOCK_K (TMA reads at any row), so only
+a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros): each
+consumer zeroes those rows of its lhs half before its wgmma, so they add nothing (rhs values there meet zeros, as
+in tgmm_fp8_ws). A tile of an empty group stores zeros without loading.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
+    warpgroup_mma_wait, tma
+
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release, release_stages, store_half
+
+# A barrier of the partition's warps: Triton 3.6's name, renamed after it.
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+BLOCK_M = gl.constexpr(128)  # K rows per tile: two consumers of 64.
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
+MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
+
+
+@gluon.jit
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+  """(group, K tile, N tile, the group's first row, its end, its steps, K rows in the tile) of tile t."""
+  num_k: gl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  g = t // (num_k * num_n)
+  ki = t % (num_k * num_n) // num_n
+  start = gl.load(bounds_ptr + g)
+  end = gl.load(bounds_ptr + g + 1)
+  return g, ki, t % num_n, start, end, (end - start + BLOCK_K - 1) // BLOCK_K, gl.minimum(K - ki * BLOCK_M, BLOCK_M)
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
+            N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
+  """Per step of each tile: waits until both consumers released the stage, then copies the step's lhs halves (the
+  bottom one only if the tile has K rows there) and rhs rows into it."""
+  num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
+    for kk in range(steps):
+      slot = step % S
+      m0 = start + kk * BLOCK_K
+      mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+      ready_bar = ready.index(slot)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M], ready_bar, a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M + HALF], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
+      _tma_load(rhs_desc, [m0, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
+      step += 1
+
+
+@gluon.jit
+def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
+  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+  keep = gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1)
+  a = a_buf.load(layout)
+  a_buf.store(gl.where(keep, a, gl.zeros_like(a)))
+  fence_async_shared()  # The wgmma reads a_buf through the async proxy.
+  _partition_barrier()  # Every warp of the warpgroup has written its part.
+
+
+@gluon.jit
+def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
+              N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+              OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
+  """Consumer H: K rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator."""
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+  num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+  out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+    acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    if (half_rows > 0) & (steps > 0):
+      for kk in range(steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        a = a_bufs.index(2 * slot + H)
+        m0 = start + kk * BLOCK_K
+        if m0 + BLOCK_K > end:
+          _zero_rows_past(a, m0, end, BLOCK_K)
+        acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        release(empty, empty, (step + kk + S - 1) % S, kk > 0, 1)  # The previous step's stage.
+      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+      release(empty, empty, (step + steps - 1) % S, True, 1)
+    elif steps > 0:  # The other half has K rows: keep in step with the stages it consumes.
+      release_stages(ready, empty, step, steps, S)
+    step += steps
+    if half_rows > 0:
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, g * K + ki * BLOCK_M + H * HALF, ni * BLOCK_N, half_rows,
+                 N, BLOCK_N, OUT_LAYOUT)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr, N: gl.constexpr,
+                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """lhs_desc over lhs (M, K), box (BLOCK_K, 64); rhs_desc over rhs (M, N), box (BLOCK_K, BLOCK_N); bounds (G + 1,)
+  int32, sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
+  BLOCK_N), shared-memory layout OUT_LAYOUT)."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
+  gl.warp_specialize([
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
+                   OUT_LAYOUT, 0)),
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
+                   OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S)),
+  ], [4, 1], [232, 40])
