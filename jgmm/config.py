@@ -18,8 +18,8 @@ class Config:
   programs_per_sm: the persistent grid's programs per SM (1..4; gmm and tgmm). 2 pays where two programs'
     shared memory and registers fit on one SM together: one's epilogue then overlaps the other's main loop.
   tma: gmm and masked_gmm on Hopper: load tiles through tensor descriptors (TMA) where the shapes allow
-    (True), or always use plain pointer loads (False). tgmm always loads through pointers (measured faster
-    than its earlier TMA path).
+    (True), or always use plain pointer loads (False). tgmm_kernel always loads through pointers (measured faster
+    than its earlier TMA path; the warp-specialised tgmm loads through TMA).
   tma_store: gmm_kernel with tma (Hopper): each output tile leaves through one TMA store clipped to its group's
     rows by a device-side "ragged" descriptor (common.store_group_tile; in two column halves, so that 4 stages of
     128 x 256 x 64 still fit), instead of masked pointer stores. Experimental (default off) until measured.
@@ -32,6 +32,9 @@ class Config:
     or (192, 128), K a multiple of 16 and the output's rows 16-byte multiples; the plain FP8 kernel elsewhere. FP8
     tgmm with lhs (K, M) and rhs (N, M): the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128
     or 256, 2 or more stages) where M is a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
+    bf16/fp16 tgmm with lhs (M, K) read transposed (gmm's weight gradient): the warp-specialised tgmm
+    (triton_kernels/tgmm_ws.py, 128 x block_n tiles of out, block_k group rows a step) where it has no bias gradient
+    or existing_out, block_m is 128 and K and N are multiples of 8; tgmm_kernel elsewhere.
   band_tiles: the bf16 warp-specialised gmm (warp_specialized): its persistent tile order, in bands of band_tiles
     row tiles with the row tile fastest inside a band (programs running at once then share rhs column panels: on
     an H100, 8 ran mixtral's forward 1.26x faster than row-major), or row-major (1). 1..64; other kernels ignore it

@@ -77,6 +77,10 @@ _GMM_WS = [_C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8),
 _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4, 6), _C(16, 128, 64, 4, 8),
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
+# The warp-specialised bf16 tgmm's (lhs (M, K) read transposed): each the fastest on some bench case's weight
+# gradient on an H100 under Triton 3.6 (docs/perf-notes.md, Session 26).
+_TGMM_WS = [_C(128, 256, 64, 8, 3, warp_specialized=True), _C(128, 256, 32, 8, 6, warp_specialized=True),
+            _C(128, 128, 64, 8, 5, warp_specialized=True)]
 _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
 # The plain FP8 kernels' tilings (gmm_fp8_kernel, masked_gmm_fp8_kernel; each with TMA loads and without): K steps
 # of one 128-wide scale block, or half of one.
@@ -122,6 +126,8 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
       configs += [c for c in _GMM_WS if c.cluster_size == 1 or gmm_ws_cluster.supported()]
   if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
     configs = [c for c in configs if not c.warp_specialized]
+  if key.op == "tgmm" and key.transpose and key.in_dtype in ("bf16", "fp16") and key.rows > 32:
+    configs += _TGMM_WS
   if key.op in config_table.FP8_WS_OPS:
     configs += _FP8_WS
   if key.op == "tgmm_fp8":
