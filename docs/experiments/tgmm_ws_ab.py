@@ -1,6 +1,6 @@
 """A/B: the weight gradient (tgmm, lhs (M, K) read transposed) of jgmm.bench's cases through the table's config (this
-GPU's table: tgmm_kernel) against the warp-specialised tgmm (triton_kernels/tgmm_ws.py) in several tilings, timed
-interleaved. Issue 17, session 26.
+GPU's table), tgmm_kernel ("plain", the tables' choice before session 26) and the warp-specialised tgmm
+(triton_kernels/tgmm_ws.py) in several tilings, timed interleaved. Issue 17, session 26.
 
     python docs/experiments/tgmm_ws_ab.py [CASE,...] [CONFIG,...]
 """
@@ -18,6 +18,7 @@ from jgmm.ops import group_bounds
 from jgmm.timing import jax_sync, time_interleaved
 
 WS = {
+    "plain": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=False),  # tgmm_kernel
     "ws256s3": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True),
     "ws128s5": Config(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, warp_specialized=True),
     "ws256k32s6": Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=6, warp_specialized=True),
