@@ -142,6 +142,21 @@ class LookupTest(TableTestBase):
           self.assertLessEqual(config_table.shared_memory_bytes(op, config, 1, 2 if out == "bfloat16" else 4),
                                config_table.shared_memory_limit(arch))
 
+  def test_heuristic_takes_the_ws_tgmm_for_the_gmm_backward_layout_on_sm90(self):
+    """tgmm with lhs (M, K) read transposed above 96 rows per group on sm90: the warp-specialised tgmm, at tiles its
+    kernel takes (geometry.tgmm_ws_ok); elsewhere tgmm_kernel's config (ws off)."""
+    for arch in ("sm90", "sm80", None):
+      for transpose in (False, True):
+        for rows, n in ((64, 4096), (128, 4096), (1024, 14336), (1024, 128)):
+          k = config_table.make_key("tgmm", "bfloat16", "bfloat16", rows, 4096, n, 8, transpose=transpose)
+          config = config_table.heuristic_config(k, arch)
+          want = arch == "sm90" and transpose and rows > 96
+          self.assertEqual(config.warp_specialized, want, (k, arch))
+          if want:
+            self.assertTrue(geometry.tgmm_ws_ok(8 * rows, 4096, n, 8, config.block_m, config.block_n,
+                                                config.block_k, config.num_stages,
+                                                config_table.shared_memory_limit(arch)), k)
+
   def test_heuristic_tgmm_fp8_fits_its_warp_specialized_kernel(self):
     """tgmm_fp8 with lhs (K, M) on sm90: 128-wide tiles, 5 stages with a 2-byte output and 4 with float32, each within
     the shared memory the warp-specialised kernel needs (geometry.tgmm_fp8_ws_ok: a call that did not fit would run

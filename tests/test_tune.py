@@ -455,6 +455,22 @@ class CandidatesTest(absltest.TestCase):
           self.assertEqual(any(c.cluster_size == 2 for c in configs), ws and supported, (op, supported))
           self.assertTrue(all(c.warp_specialized for c in configs if c.band_tiles > 1 or c.cluster_size > 1))
 
+  def test_bf16_tgmm_screens_its_ws_kernel_in_the_gmm_backward_layout(self):
+    """tgmm keys of 2-byte floats with lhs (M, K) read transposed (gmm's weight gradient) above 32 rows per group
+    screen the warp-specialised tgmm's tilings, each within its shared memory; other tgmm keys screen none."""
+    limit = config_table.shared_memory_limit("sm90")
+    for dtype in ("bfloat16", "float16", "float32"):
+      for transpose in (False, True):
+        for rows in (16, 1024):
+          key = config_table.make_key("tgmm", dtype, dtype, rows, 4096, 14336, 8, transpose=transpose)
+          ws = [c for c in tune.candidate_space(key, "small") if c.warp_specialized]
+          want = dtype != "float32" and transpose and rows > 32
+          self.assertEqual({(c.block_n, c.block_k, c.num_stages) for c in ws},
+                           {(256, 64, 3), (256, 32, 6), (128, 64, 5)} if want else set(), key)
+          for c in ws:
+            self.assertTrue(geometry.tgmm_ws_ok(8192, 4096, 14336, 8, c.block_m, c.block_n, c.block_k,
+                                                c.num_stages, limit), c)
+
   def test_fp8_spaces_step_within_a_scale_block_and_screen_each_kernels_ws_tilings(self):
     self.assertEqual(config_table.FP8_SCALE_BLOCK, gmm_fp8.SCALE_BLOCK.value)
     fp8_ws = {(128, 128), (128, 256), (192, 128)}

@@ -8,8 +8,10 @@ TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer 
 the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
 MN-major operand). A step starts at the group's first row plus a multiple of BLOCK_K (TMA reads at any row), so only
 a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros): each
-consumer zeroes those rows of its lhs half before its wgmma, so they add nothing (rhs values there meet zeros, as
-in tgmm_fp8_ws). A tile of an empty group stores zeros without loading.
+consumer zeroes those rows of its lhs half before its wgmma, so they add nothing. The rhs rows there still meet
+those zeros: an inf or NaN in rhs within BLOCK_K rows past a group's end (the next group's, or rows after the
+groups) makes that group's gradient NaN, as in tgmm_fp8_ws; tgmm_kernel never reads them. A tile of an empty
+group stores zeros without loading.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
