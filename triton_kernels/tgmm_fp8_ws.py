@@ -27,6 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
+from jgmm.triton_kernels.tgmm_ws import group_tile
 
 # A barrier of the partition's warps: Triton 3.6's name, renamed after it.
 _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -38,17 +39,12 @@ SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, r
 
 @gluon.jit
 def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
-  """(group, K tile, N tile, the group's first row, its end, its first step, its steps, K rows in the tile) of
-  tile t."""
-  num_k: gl.constexpr = (K + BLOCK - 1) // BLOCK
-  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  g = t // (num_k * num_n)
-  ki = t % (num_k * num_n) // num_n
-  start = gl.load(bounds_ptr + g)
-  end = gl.load(bounds_ptr + g + 1)
+  """tgmm_ws.group_tile's (group, K tile, N tile, first row, end) and the group's first step and steps on the
+  128-row scale grid and the K rows in tile t."""
+  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N)
   first = start // BLOCK
   steps = ((end + BLOCK - 1) // BLOCK - first) * (end > start).to(gl.int32)
-  return g, ki, t % num_n, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
+  return g, ki, ni, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
 
 
 @gluon.jit

@@ -28,15 +28,20 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-  """(group, K tile, N tile, the group's first row, its end, its steps, K rows in the tile) of tile t."""
+def group_tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
+  """(group, K tile, N tile, the group's first row, its end) of output tile t of 128 x BLOCK_N (group-major, then K
+  tiles, then N tiles; this kernel's and tgmm_fp8_ws's order)."""
   num_k: gl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   g = t // (num_k * num_n)
-  ki = t % (num_k * num_n) // num_n
-  start = gl.load(bounds_ptr + g)
-  end = gl.load(bounds_ptr + g + 1)
-  return g, ki, t % num_n, start, end, (end - start + BLOCK_K - 1) // BLOCK_K, gl.minimum(K - ki * BLOCK_M, BLOCK_M)
+  return g, t % (num_k * num_n) // num_n, t % num_n, gl.load(bounds_ptr + g), gl.load(bounds_ptr + g + 1)
+
+
+@gluon.jit
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+  """group_tile's (group, K tile, N tile, first row, end) and the group's steps and the K rows in tile t."""
+  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N)
+  return g, ki, ni, start, end, (end - start + BLOCK_K - 1) // BLOCK_K, gl.minimum(K - ki * BLOCK_M, BLOCK_M)
 
 
 @gluon.jit
