@@ -27,10 +27,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
-from jgmm.triton_kernels.tgmm_ws import group_tile
+from jgmm.triton_kernels.tgmm_ws import _partition_barrier, group_tile
 
-# A barrier of the partition's warps: Triton 3.6's name, renamed after it.
-_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
 # A step's scale rows (1 x 128 of lhs_scale, 1 x BLOCK_N of rhs_scale) come by TMA into unswizzled shared memory.

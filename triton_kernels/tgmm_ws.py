@@ -15,8 +15,8 @@ group stores zeros without loading.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
-    warpgroup_mma_wait, tma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release, release_stages, store_half
 
