@@ -483,10 +483,11 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     # group-aligned operands +18-23% over 256 wide, within noise elsewhere: docs/perf-notes.md "Session 21"), 5
     # stages where a 2-byte output leaves room (geometry.tgmm_fp8_ws_ok; +2-5%), else 4.
     config = dataclasses.replace(config, block_n=128, num_stages=5 if _ITEMSIZE[key.out_dtype] <= 2 else 4)
-  elif key.op == "tgmm" and arch == "sm90" and key.transpose and key.rows > 96:
+  elif key.op == "tgmm" and arch == "sm90" and key.transpose and key.rows >= 256:
     # lhs (M, K) read transposed, gmm's weight gradient: the warp-specialised tgmm (H100, Triton 3.6: 1.04-1.13x
-    # tgmm_kernel on the bench's cases at these tiles, 1.09x at 256 rows per group; docs/perf-notes.md "Session 26").
-    # tgmm_kernel runs the same tiles where it does not take a call (float32, a bias gradient, existing_out).
+    # tgmm_kernel on the bench's cases at these tiles, 1.09x at 256 rows per group, the fewest measured;
+    # docs/perf-notes.md "Session 26"). tgmm_kernel runs the same tiles where it does not take a call (float32, a
+    # bias gradient, existing_out).
     config = dataclasses.replace(config, warp_specialized=True)
   elif key.op in FP8_WS_OPS and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:

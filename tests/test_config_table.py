@@ -143,14 +143,14 @@ class LookupTest(TableTestBase):
                                config_table.shared_memory_limit(arch))
 
   def test_heuristic_takes_the_ws_tgmm_for_the_gmm_backward_layout_on_sm90(self):
-    """tgmm with lhs (M, K) read transposed above 96 rows per group on sm90: the warp-specialised tgmm, at tiles its
-    kernel takes (geometry.tgmm_ws_ok); elsewhere tgmm_kernel's config (ws off)."""
+    """tgmm with lhs (M, K) read transposed from 256 rows per group on sm90 (measured there): the warp-specialised
+    tgmm, at tiles its kernel takes (geometry.tgmm_ws_ok); elsewhere tgmm_kernel's config (ws off)."""
     for arch in ("sm90", "sm80", None):
       for transpose in (False, True):
-        for rows, n in ((64, 4096), (128, 4096), (1024, 14336), (1024, 128)):
+        for rows, n in ((64, 4096), (128, 4096), (256, 1536), (1024, 14336), (1024, 128)):
           k = config_table.make_key("tgmm", "bfloat16", "bfloat16", rows, 4096, n, 8, transpose=transpose)
           config = config_table.heuristic_config(k, arch)
-          want = arch == "sm90" and transpose and rows > 96
+          want = arch == "sm90" and transpose and rows >= 256
           self.assertEqual(config.warp_specialized, want, (k, arch))
           if want:
             self.assertTrue(geometry.tgmm_ws_ok(8 * rows, 4096, n, 8, config.block_m, config.block_n,
