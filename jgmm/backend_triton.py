@@ -331,12 +331,14 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
   if m == 0:
     return jnp.zeros((num_groups, k, n), out_dtype)
   device = _device()
-  choice = config_table.select(config_table.make_key(
-      "tgmm", lhs.dtype.name, out_dtype.name, max_m, k, n, num_groups, transpose=True), arch=device.arch,
-      device_kind=device.kind, override=config)
+  key = config_table.make_key("tgmm", lhs.dtype.name, out_dtype.name, max_m, k, n, num_groups, transpose=True)
+  choice = config_table.select(key, arch=device.arch, device_kind=device.kind, override=config)
   if choice.backend == "xla":
     return backend_xla.masked_tgmm(lhs, rhs, masked_m, out_dtype=out_dtype, config=None, precision=precision)
   config = choice.config
+  if config.warp_specialized and choice.source != "override":
+    # A table's tiles for tgmm_ws (contiguous groups only): this layout runs tgmm_kernel, at the heuristic's tiles.
+    config = config_table.heuristic_config(key, device.arch)
   (out, _) = ffi.triton_call(
       lhs.reshape(m, k), rhs.reshape(m, n), masked_m, masked_m, m, kernel=tgmm_kernels.tgmm_kernel,
       out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)],

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from jgmm import backend_triton, oracle
+from jgmm import backend_triton, config_table, oracle
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm as gmm_kernels
@@ -417,6 +417,29 @@ class CrossLoweringTest(parameterized.TestCase):
       compiled = next(c for key, c in _compile._cache.items() if dict(key[1]) == signature)
       self.assertEqual(compiled.num_warps, 12)  # The consumer warpgroups and the loader warp, rounded up.
       self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
+
+  def test_masked_tgmm_takes_tgmm_kernel_tiles_where_a_table_chose_the_ws_tgmm(self):
+    """masked_tgmm shares tgmm's keys; where a table's entry for the key is a tgmm_ws config (its tiles tuned for that
+    kernel), the masked layout runs tgmm_kernel at the heuristic's tiles; an explicit config keeps its tiles."""
+    groups, max_m, k, n = 8, 1024, 4096, 14336
+    s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
+    key = config_table.make_key("tgmm", "bfloat16", "bfloat16", max_m, k, n, groups, transpose=True)
+    ws = Config(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=6, warp_specialized=True)
+    heuristic = config_table.heuristic_config(key, "sm90")
+    self.assertNotEqual(heuristic.block_k, ws.block_k)
+    for source, want in (("exact", heuristic), ("override", ws)):
+      chosen = config_table.Selection("triton", ws, source, None, None)
+      with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+          mock.patch.object(config_table, "select", return_value=chosen), \
+          mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+        jax.jit(lambda x, d, mm: backend_triton.masked_tgmm(x, d, mm, out_dtype=dt, config=None)).trace(
+            s((groups, max_m, k), dt), s((groups, max_m, n), dt), s((groups,), jnp.int32)).lower(
+                lowering_platforms=("cuda",))
+      (call,) = compile_kernel.call_args_list
+      constexprs = call.args[2]
+      self.assertTrue(constexprs["MASKED"])  # tgmm_kernel
+      self.assertEqual((constexprs["BLOCK_N"], constexprs["BLOCK_K"], call.args[6]),
+                       (want.block_n, want.block_k, want.num_stages), source)
 
   @parameterized.parameters(False, True)
   def test_gmm_ws_cluster_compiles_for_sm90(self, transpose_rhs):
