@@ -124,7 +124,7 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
     if base is _GMM:  # Clusters only where this Triton has them (elsewhere the one-CTA kernel would run again).
       configs += [c for c in _GMM_WS if c.cluster_size == 1 or gmm_ws_cluster.supported()]
-  if key.op not in ("gmm", "gmm_t"):  # The bf16 warp-specialised kernel is gmm's only.
+  if key.op not in ("gmm", "gmm_t"):  # gmm_ws's configs (_GMM's and _GMM_WS) are gmm's and gmm_t's only.
     configs = [c for c in configs if not c.warp_specialized]
   if key.op == "tgmm" and key.transpose and key.in_dtype in ("bf16", "fp16") and key.rows > 32:
     configs += _TGMM_WS

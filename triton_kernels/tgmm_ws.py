@@ -69,14 +69,20 @@ def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.
 
 
 @gluon.jit
-def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
-  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
-  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-  keep = gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1)
+def keep_only(a_buf, keep, layout: gl.constexpr):
+  """Zeroes a_buf's elements where keep (broadcast to a_buf's shape in `layout`) is false, before a wgmma reads it
+  (this kernel's and tgmm_fp8_ws's zeroing of rows outside a group)."""
   a = a_buf.load(layout)
   a_buf.store(gl.where(keep, a, gl.zeros_like(a)))
   fence_async_shared()  # The wgmma reads a_buf through the async proxy.
   _partition_barrier()  # Every warp of the warpgroup has written its part.
+
+
+@gluon.jit
+def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
+  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+  keep_only(a_buf, gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1), layout)
 
 
 @gluon.jit
