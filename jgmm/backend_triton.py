@@ -262,7 +262,7 @@ def _tgmm_ws(lhs, rhs, bounds, out_dtype, config, device):
   out_block = (gmm_ws.HALF.value, config.block_n)
   tiles = num_groups * geometry.cdiv(k, tgmm_ws.BLOCK_M.value) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
-      lhs, rhs, ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
+      ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs, rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)), bounds,
       kernel=tgmm_ws.tgmm_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_ws.NUM_WARPS, maxnreg=tgmm_ws.MAXNREG,

@@ -7,17 +7,21 @@ t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are
 TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K rows [64 H, 64 H + 64) of
 the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
 MN-major operand). A step starts at the group's first row plus a multiple of BLOCK_K (TMA reads at any row), so only
-a group's last step can hold rows past its end (the next group's, or rows past M): the loader copies that step
-through descriptors it makes on the device, ending at the group's end, so TMA writes zeros for those rows of both
-operands and they add nothing, whatever the rows hold (inf and NaN included). A tile of an empty group stores zeros
-without loading.
+a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros): each
+consumer zeroes those rows of its lhs half before its wgmma, so they add nothing. The rhs rows there still meet
+those zeros: an inf or NaN in rhs within BLOCK_K rows past a group's end (the next group's, or rows after the
+groups) makes that group's gradient NaN, as in tgmm_fp8_ws; tgmm_kernel never reads them. A tile of an empty
+group stores zeros without loading.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release, release_stages, store_half
 
+# A barrier of the partition's warps: Triton 3.6's name, renamed after it.
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 BLOCK_M = gl.constexpr(128)  # K rows per tile: two consumers of 64.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
@@ -41,47 +45,44 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _load_step(lhs_desc, rhs_desc, a_bufs, b_bufs, ready, empty, step, m0, ki, ni, rows, BLOCK_N: gl.constexpr,
-               S: gl.constexpr):
-  """Waits until both consumers released stage step % S, then copies lhs rows [m0, m0 + BLOCK_K) (its halves of the
-  tile's K rows; the bottom one only if the tile has K rows there) and those rows of rhs's column tile into it."""
-  slot = step % S
-  both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
+def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
+            N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
+  """Per step of each tile: waits until both consumers released the stage, then copies the step's lhs halves (the
+  bottom one only if the tile has K rows there) and rhs rows into it."""
+  num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
   half_bytes: gl.constexpr = lhs_desc.block_type.nbytes
-  mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-  ready_bar = ready.index(slot)
-  mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
-  mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + half_bytes, pred=rows <= HALF)
-  _tma_load(lhs_desc, [m0, ki * BLOCK_M], ready_bar, a_bufs.index(2 * slot))
-  _tma_load(lhs_desc, [m0, ki * BLOCK_M + HALF], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
-  _tma_load(rhs_desc, [m0, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
+    for kk in range(steps):
+      slot = step % S
+      m0 = start + kk * BLOCK_K
+      mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+      ready_bar = ready.index(slot)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M], ready_bar, a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M + HALF], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
+      _tma_load(rhs_desc, [m0, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
+      step += 1
 
 
 @gluon.jit
-def _loader(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr,
-            K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
-  """Each tile's steps into the stages (_load_step). A last step holding rows past the group's end goes through
-  descriptors over lhs and rhs that end there, made before its wait for a free stage. They overwrite the previous
-  such step's (one scratch copy each per program), so first its copies must have landed: certain once its stage was
-  refilled (the refill waited for the consumers' release), else waited for on its `ready` barrier."""
-  num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-  step = 0
-  tail = -2 * S  # The step of the previous copy through descriptors made here (none yet: far enough back).
-  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    _, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
-    past_end = (steps > 0) & ((end - start) % BLOCK_K != 0)  # The last step holds rows past the end.
-    whole = steps - past_end.to(gl.int32)
-    for kk in range(whole):
-      _load_step(lhs_desc, rhs_desc, a_bufs, b_bufs, ready, empty, step + kk, start + kk * BLOCK_K, ki, ni, rows,
-                 BLOCK_N, S)
-    if past_end:
-      mbarrier.wait(ready.index(tail % S), (tail // S) & 1, pred=step + whole - tail <= S)
-      tail = step + whole
-      lhs_end = tma.make_tensor_descriptor(lhs_ptr, [end, K], [K, 1], lhs_desc.block_type.shape, lhs_desc.layout)
-      rhs_end = tma.make_tensor_descriptor(rhs_ptr, [end, N], [N, 1], rhs_desc.block_type.shape, rhs_desc.layout)
-      _load_step(lhs_end, rhs_end, a_bufs, b_bufs, ready, empty, tail, start + whole * BLOCK_K, ki, ni, rows, BLOCK_N,
-                 S)
-    step += steps
+def keep_only(a_buf, keep, layout: gl.constexpr):
+  """Zeroes a_buf's elements where keep (broadcast to a_buf's shape in `layout`) is false, before a wgmma reads it
+  (this kernel's and tgmm_fp8_ws's zeroing of rows outside a group)."""
+  a = a_buf.load(layout)
+  a_buf.store(gl.where(keep, a, gl.zeros_like(a)))
+  fence_async_shared()  # The wgmma reads a_buf through the async proxy.
+  _partition_barrier()  # Every warp of the warpgroup has written its part.
+
+
+@gluon.jit
+def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
+  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+  keep_only(a_buf, gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1), layout)
 
 
 @gluon.jit
@@ -102,7 +103,11 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
       for kk in range(steps):
         slot = (step + kk) % S
         mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+        a = a_bufs.index(2 * slot + H)
+        m0 = start + kk * BLOCK_K
+        if m0 + BLOCK_K > end:
+          _zero_rows_past(a, m0, end, BLOCK_K)
+        acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         release(empty, empty, (step + kk + S - 1) % S, kk > 0, 1)  # The previous step's stage.
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -117,12 +122,10 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
 
 
 @gluon.jit
-def tgmm_ws_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
-                   N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                   OUT_LAYOUT: gl.constexpr):
-  """lhs (M, K) at lhs_ptr and through lhs_desc, box (BLOCK_K, 64); rhs (M, N) at rhs_ptr and through rhs_desc, box
-  (BLOCK_K, BLOCK_N) (the loader makes descriptors ending at a group's end from the pointers); bounds (G + 1,) int32,
-  sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
+def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr, N: gl.constexpr,
+                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """lhs_desc over lhs (M, K), box (BLOCK_K, 64); rhs_desc over rhs (M, N), box (BLOCK_K, BLOCK_N); bounds (G + 1,)
+  int32, sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
   BLOCK_N), shared-memory layout OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
@@ -130,6 +133,5 @@ def tgmm_ws_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, out_ptr, G:
                    OUT_LAYOUT, 0)),
       (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
                    OUT_LAYOUT, 1)),
-      (_loader, (lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N,
-                 BLOCK_K, S)),
+      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S)),
   ], [4, 1], [232, 40])
