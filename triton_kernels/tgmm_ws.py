@@ -7,10 +7,11 @@ t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are
 TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K rows [64 H, 64 H + 64) of
 the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
 MN-major operand). A step starts at the group's first row plus a multiple of BLOCK_K (TMA reads at any row), so only
-a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros). The
-loader zeroes those rows of both operands in shared memory before it marks that stage ready (its copies land on a
-barrier of its own first), so they add nothing, whatever they hold (inf and NaN included), and the consumers only
-multiply. A tile of an empty group stores zeros without loading.
+a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros): each
+consumer zeroes those rows of its lhs half before its wgmma, so they add nothing. The rhs rows there still meet
+those zeros: an inf or NaN in rhs within BLOCK_K rows past a group's end (the next group's, or rows after the
+groups) makes that group's gradient NaN, as in tgmm_fp8_ws; tgmm_kernel never reads them. A tile of an empty
+group stores zeros without loading.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -20,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release, release_stages, store_half
 
 # A barrier of the partition's warps: Triton 3.6's name, renamed after it.
-partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 BLOCK_M = gl.constexpr(128)  # K rows per tile: two consumers of 64.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the consumers then take 232.
@@ -44,61 +45,44 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _copy_step(lhs_desc, rhs_desc, a_bufs, b_bufs, bar, slot, m0, ki, ni, rows, BLOCK_N: gl.constexpr):
-  """TMA copies of lhs rows [m0, m0 + BLOCK_K) (the tile's halves of K; the bottom one only if the tile has K rows
-  there) and of those rows of rhs's column tile into stage slot, counted by mbarrier bar."""
-  both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no copy.
-  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes
-  mbarrier.expect(bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
-  mbarrier.expect(bar, rhs_desc.block_type.nbytes + half_bytes, pred=rows <= HALF)
-  _tma_load(lhs_desc, [m0, ki * BLOCK_M], bar, a_bufs.index(2 * slot))
-  _tma_load(lhs_desc, [m0, ki * BLOCK_M + HALF], bar, a_bufs.index(2 * slot + 1), pred=both)
-  _tma_load(rhs_desc, [m0, ni * BLOCK_N], bar, b_bufs.index(slot))
-
-
-@gluon.jit
-def _zero_rows_from(buf, first, ROWS: gl.constexpr, COLS: gl.constexpr):
-  """Zeroes rows [first, ROWS) of buf (ROWS, COLS) in shared memory, by one warp, 8 x 64 elements at a time (the
-  swizzle's tile, a slice of which stays a valid view; few registers a thread)."""
-  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
-  for i in gl.static_range(ROWS // 8):
-    if 8 * i + 8 > first:
-      keep = gl.expand_dims(8 * i + gl.arange(0, 8, layout=gl.SliceLayout(1, layout)) < first, 1)
-      for j in gl.static_range(COLS // 64):
-        part = buf.slice(8 * i, 8, dim=0).slice(64 * j, 64, dim=1)
-        values = part.load(layout)
-        part.store(gl.where(keep, values, gl.zeros_like(values)))
-
-
-@gluon.jit
-def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, landed, G: gl.constexpr,
-            K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
-  """Per step of each tile: waits until both consumers released the stage, then fills it (_copy_step). A group's
-  last step, where it holds rows past the group's end, lands on `landed` instead of the stage's `ready`; the loader
-  zeroes those rows of the lhs halves and the rhs tile, then marks the stage ready itself."""
+def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
+            N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
+  """Per step of each tile: waits until both consumers released the stage, then copies the step's lhs halves (the
+  bottom one only if the tile has K rows there) and rhs rows into it."""
   num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+  half_bytes: gl.constexpr = lhs_desc.block_type.nbytes
   step = 0
-  zeroed = 0  # Steps zeroed so far: `landed`'s phases.
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    _, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
     for kk in range(steps):
       slot = step % S
       m0 = start + kk * BLOCK_K
       mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-      if m0 + BLOCK_K > end:
-        _copy_step(lhs_desc, rhs_desc, a_bufs, b_bufs, landed, slot, m0, ki, ni, rows, BLOCK_N)
-        mbarrier.wait(landed, zeroed & 1)
-        _zero_rows_from(a_bufs.index(2 * slot), end - m0, BLOCK_K, HALF)
-        if rows > HALF:
-          _zero_rows_from(a_bufs.index(2 * slot + 1), end - m0, BLOCK_K, HALF)
-        _zero_rows_from(b_bufs.index(slot), end - m0, BLOCK_K, BLOCK_N)
-        fence_async_shared()  # The consumers' wgmmas read the stage through the async proxy.
-        partition_barrier()  # (Every lane has written.)
-        mbarrier.arrive(ready.index(slot))
-        zeroed += 1
-      else:
-        _copy_step(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, m0, ki, ni, rows, BLOCK_N)
+      ready_bar = ready.index(slot)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
+      mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M], ready_bar, a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [m0, ki * BLOCK_M + HALF], ready_bar, a_bufs.index(2 * slot + 1), pred=both)
+      _tma_load(rhs_desc, [m0, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
       step += 1
+
+
+@gluon.jit
+def keep_only(a_buf, keep, layout: gl.constexpr):
+  """Zeroes a_buf's elements where keep (broadcast to a_buf's shape in `layout`) is false, before a wgmma reads it
+  (this kernel's and tgmm_fp8_ws's zeroing of rows outside a group)."""
+  a = a_buf.load(layout)
+  a_buf.store(gl.where(keep, a, gl.zeros_like(a)))
+  fence_async_shared()  # The wgmma reads a_buf through the async proxy.
+  _partition_barrier()  # Every warp of the warpgroup has written its part.
+
+
+@gluon.jit
+def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
+  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+  keep_only(a_buf, gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1), layout)
 
 
 @gluon.jit
@@ -112,14 +96,18 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
   out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    g, ki, ni, _, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if (half_rows > 0) & (steps > 0):
       for kk in range(steps):
         slot = (step + kk) % S
         mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+        a = a_bufs.index(2 * slot + H)
+        m0 = start + kk * BLOCK_K
+        if m0 + BLOCK_K > end:
+          _zero_rows_past(a, m0, end, BLOCK_K)
+        acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         release(empty, empty, (step + kk + S - 1) % S, kk > 0, 1)  # The previous step's stage.
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -140,13 +128,10 @@ def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: 
   int32, sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
   BLOCK_N), shared-memory layout OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
-  landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-  mbarrier.init(landed, count=1)
   gl.warp_specialize([
       (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
                    OUT_LAYOUT, 0)),
       (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
                    OUT_LAYOUT, 1)),
-      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, landed, G, K, N, BLOCK_N, BLOCK_K,
-                 S)),
+      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S)),
   ], [4, 1], [232, 40])
