@@ -123,9 +123,10 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
       no existing_out, bias_grad or precision with FP8.
 
   Returns:
-    (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). With 2-byte floats, rows
-    outside a group never reach its result, whatever they hold (inf and NaN included); with FP8, the rows of other
-    groups in one of its 128-row blocks of M share the block's scales, and a NaN there reaches it.
+    (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). On Hopper, the
+    warp-specialised kernel (bf16/fp16 with transpose_lhs; Config.warp_specialized) reads each group's last reduction
+    step whole and multiplies the rhs rows past the group's end (fewer than config.block_k) by zeros: an inf or NaN
+    in such a row (the next group's, or one after the last group) makes that group's result NaN.
   """
   if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
