@@ -555,7 +555,8 @@ class GpuKernelTest(KernelTestBase):
 
   @parameterized.product(
       (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=128, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
-       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16),
+       dict(m=700, k=256, n=384, groups=48)),
       dtype=("bf16", "f16"),
       transpose_rhs=(False, True),
   )
@@ -575,7 +576,8 @@ class GpuKernelTest(KernelTestBase):
 
   @parameterized.product(
       (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=128, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
-       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16),
+       dict(m=700, k=256, n=384, groups=48)),
       transpose_rhs=(False, True),
       order=(dict(band_tiles=8, cluster_size=1, block_n=256, num_stages=3),
              dict(band_tiles=3, cluster_size=2, block_n=256, num_stages=3),
@@ -635,14 +637,15 @@ class GpuKernelTest(KernelTestBase):
 
   @parameterized.product(
       (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=136, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
-       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16)),
+       dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16),
+       dict(m=700, k=256, n=384, groups=48)),
       dtype=("bf16", "f16"),
       tile=(dict(block_n=256, num_stages=3), dict(block_n=128, num_stages=5)),
   )
   def test_tgmm_ws(self, m, k, n, groups, dtype, tile):
     """The warp-specialised tgmm: random groups with empty ones and rows before and after them, groups ending
-    inside a step (their last step's rows past the group zeroed), K tiles of one consumer's half (K = 2880, 136,
-    72), N not a multiple of the tile, one group."""
+    inside a step (their last step's rows past the group zeroed), groups of one step (48 groups of ~14 rows), K
+    tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group."""
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((m, n), dt)
     bounds = self.random_bounds(m, groups)
