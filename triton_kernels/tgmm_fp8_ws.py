@@ -22,12 +22,11 @@ all 128 rows of a step; TMA reads zeros past M). A tile of an empty group stores
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
-from jgmm.triton_kernels.tgmm_ws import group_tile, partition_barrier
+from jgmm.triton_kernels.tgmm_ws import group_tile, keep_only
 
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
@@ -75,10 +74,7 @@ def _zero_other_rows(a_buf, m0, start, end):
   """Zeroes the columns of a_buf (64 K rows x 128 rows of M from m0) outside the group's rows [start, end)."""
   layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
   cols = m0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, layout))
-  a = a_buf.load(layout)
-  a_buf.store(gl.where(gl.expand_dims((cols >= start) & (cols < end), 0), a, gl.zeros_like(a)))
-  fence_async_shared()  # The wgmma reads a_buf through the async proxy.
-  partition_barrier()  # Every warp of the warpgroup has written its part.
+  keep_only(a_buf, gl.expand_dims((cols >= start) & (cols < end), 0), layout)
 
 
 @gluon.jit
