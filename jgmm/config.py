@@ -33,8 +33,8 @@ class Config:
     tgmm with lhs (K, M) and rhs (N, M): the warp-specialised FP8 tgmm (triton_kernels/tgmm_fp8_ws.py; block_n 128
     or 256, 2 or more stages) where M is a multiple of 16, K and N of 4 and the output's rows 16-byte multiples.
     bf16/fp16 tgmm with lhs (M, K) read transposed (gmm's weight gradient): the warp-specialised tgmm
-    (triton_kernels/tgmm_ws.py, 128 x block_n tiles of out, block_k group rows a step) where it has no bias gradient
-    or existing_out, block_m is 128 and K and N are multiples of 8; tgmm_kernel elsewhere.
+    (triton_kernels/tgmm_ws.py, 128 x block_n tiles of out, block_k group rows a step; with or without the bias
+    gradient) where it has no existing_out, block_m is 128 and K and N are multiples of 8; tgmm_kernel elsewhere.
   band_tiles: the bf16 warp-specialised gmm (warp_specialized): its persistent tile order, in bands of band_tiles
     row tiles with the row tile fastest inside a band (programs running at once then share rhs column panels: on
     an H100, 8 ran mixtral's forward 1.26x faster than row-major), or row-major (1). 1..64; other kernels ignore it

@@ -397,16 +397,17 @@ class CrossLoweringTest(parameterized.TestCase):
       shape=((8192, 4096, 14336, 8), (100, 64, 40, 3), (1000, 72, 2880, 4)),
       dt=(jnp.bfloat16, jnp.float16, jnp.float32),
       transpose_lhs=(False, True),
+      bias_grad=(False, True),
   )
-  def test_tgmm_ws_compiles_for_sm90(self, shape, dt, transpose_lhs):
-    """The warp-specialised tgmm where it applies (2-byte floats, lhs (M, K) read transposed), tgmm_kernel elsewhere
-    and with a jaxlib that cannot build host TMA descriptors."""
+  def test_tgmm_ws_compiles_for_sm90(self, shape, dt, transpose_lhs, bias_grad):
+    """The warp-specialised tgmm where it applies (2-byte floats, lhs (M, K) read transposed; with or without the
+    bias gradient), tgmm_kernel elsewhere and with a jaxlib that cannot build host TMA descriptors."""
     m, k, n, groups = shape
     s = jax.ShapeDtypeStruct
     config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
     _, signatures = self.lower(
-        lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt, bias_grad=False,
-                                            config=config),
+        lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt,
+                                            bias_grad=bias_grad, config=config),
         s((m, k) if transpose_lhs else (k, m), dt), s((m, n), dt), s((groups + 1,), jnp.int32))
     applies = (transpose_lhs and dt != jnp.float32 and _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")))
     (signature,) = signatures
@@ -639,23 +640,34 @@ class GpuKernelTest(KernelTestBase):
       (dict(m=1000, k=2880, n=5760, groups=6), dict(m=777, k=136, n=264, groups=9), dict(m=300, k=72, n=8, groups=3),
        dict(m=50, k=64, n=512, groups=1), dict(m=4096, k=2048, n=1536, groups=16),
        dict(m=700, k=256, n=384, groups=48)),
-      dtype=("bf16", "f16"),
-      tile=(dict(block_n=256, num_stages=3), dict(block_n=128, num_stages=5)),
+      (dict(dtype="bf16", bias_grad=False), dict(dtype="f16", bias_grad=False), dict(dtype="bf16", bias_grad=True)),
+      tile=(dict(block_n=256, num_stages=3, block_k=64), dict(block_n=128, num_stages=5, block_k=64),
+            dict(block_n=256, num_stages=6, block_k=32)),
   )
-  def test_tgmm_ws(self, m, k, n, groups, dtype, tile):
+  def test_tgmm_ws(self, m, k, n, groups, dtype, bias_grad, tile):
     """The warp-specialised tgmm: random groups with empty ones and rows before and after them, groups ending
     inside a step (their last step's rows past the group zeroed), groups of one step (48 groups of ~14 rows), K
-    tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group."""
+    tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group; the bias gradient
+    (column sums of rhs per group, consumer 0's on K tile 0) with rows outside the groups set to NaN in rhs: it
+    selects them out, so they must not reach it (the product still multiplies them by zeros: not checked there)."""
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((m, n), dt)
     bounds = self.random_bounds(m, groups)
-    config = Config(block_m=128, block_k=64, num_warps=8, warp_specialized=True, **tile)
-    out = run_tgmm(lhs, rhs, bounds, transpose_lhs=True, out_dtype=dt, config=config)
-    want = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, True)[0]
+    config = Config(block_m=128, num_warps=8, warp_specialized=True, **tile)
+    want, want_dbias = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, True)
+    got = run_tgmm(lhs, rhs, bounds, transpose_lhs=True, out_dtype=dt, bias_grad=bias_grad, config=config)
+    out = got[0] if bias_grad else got
     self.assert_close(out, want, GPU_TOLERANCE[dtype])
     out = np.asarray(out, np.float32)
     for g in np.flatnonzero(np.diff(bounds) == 0):
       np.testing.assert_array_equal(out[g], 0.0)
+    if bias_grad:
+      self.assert_close(got[1], want_dbias, 1e-5, "dbias")
+      np.testing.assert_array_equal(np.asarray(got[1])[np.diff(bounds) == 0], 0.0)
+      outside = np.r_[:bounds[0], bounds[-1]:m]
+      _, dbias = run_tgmm(lhs, rhs.at[outside].set(np.nan), bounds, transpose_lhs=True, out_dtype=dt, bias_grad=True,
+                          config=config)
+      self.assert_close(dbias, want_dbias, 1e-5, "dbias, NaN outside the groups")
 
   @parameterized.parameters("bf16", "f16", "f32")
   def test_masked(self, dtype):

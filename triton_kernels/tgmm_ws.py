@@ -12,6 +12,10 @@ consumer zeroes those rows of its lhs half before its wgmma, so they add nothing
 those zeros: an inf or NaN in rhs within BLOCK_K rows past a group's end (the next group's, or rows after the
 groups) makes that group's gradient NaN, as in tgmm_fp8_ws; tgmm_kernel never reads them. A tile of an empty
 group stores zeros without loading.
+
+With BIAS_GRAD, also dbias (G, N) float32: the column sums of rhs over each group's rows (gmm's bias gradient).
+Consumer 0 adds up the rhs tile of each step of the tiles of K tile 0 in its registers while that step's wgmma runs
+(rows past the group's end selected out, so they add nothing whatever they hold) and stores them with the tile.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -86,10 +90,25 @@ def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
-              N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
-  """Consumer H: K rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator."""
+def _column_sums(b_buf, m0, end, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr, LAYOUT: gl.constexpr):
+  """Float32 sums over the rows before `end` of the rhs tile b_buf (BLOCK_K rows from row m0, BLOCK_N columns), by
+  one warpgroup in LAYOUT (a thread holds whole columns: no reduction across threads), 16 rows at a time."""
+  sums = gl.zeros((BLOCK_N,), gl.float32, gl.SliceLayout(0, LAYOUT))
+  for i in gl.static_range(BLOCK_K // 16):
+    keep = gl.expand_dims(m0 + 16 * i + gl.arange(0, 16, layout=gl.SliceLayout(1, LAYOUT)) < end, 1)
+    values = b_buf.slice(16 * i, 16, dim=0).load(LAYOUT).to(gl.float32)
+    sums += gl.sum(gl.where(keep, values, gl.zeros_like(values)), axis=0)
+  return sums
+
+
+@gluon.jit
+def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.constexpr,
+              K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+              OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr, H: gl.constexpr):
+  """Consumer H: K rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator; with BIAS_GRAD, consumer
+  0 also the column sums of the tiles of K tile 0 (_column_sums, into dbias (G, N))."""
+  sums_layout: gl.constexpr = gl.BlockedLayout([16, BLOCK_N // 128], [1, 32], [1, 4], [1, 0])
+  sums_here: gl.constexpr = BIAS_GRAD and H == 0
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
@@ -99,6 +118,7 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
     g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    sums = gl.zeros((BLOCK_N,), gl.float32, gl.SliceLayout(0, sums_layout))
     if (half_rows > 0) & (steps > 0):
       for kk in range(steps):
         slot = (step + kk) % S
@@ -108,6 +128,9 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
         if m0 + BLOCK_K > end:
           _zero_rows_past(a, m0, end, BLOCK_K)
         acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+        if sums_here:
+          if ki == 0:
+            sums += _column_sums(b_bufs.index(slot), m0, end, BLOCK_K, BLOCK_N, sums_layout)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         release(empty, empty, (step + kk + S - 1) % S, kk > 0, 1)  # The previous step's stage.
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -118,20 +141,25 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.c
     if half_rows > 0:
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, g * K + ki * BLOCK_M + H * HALF, ni * BLOCK_N, half_rows,
                  N, BLOCK_N, OUT_LAYOUT)
+    if sums_here:
+      if ki == 0:
+        cols = ni * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, sums_layout))
+        gl.store(dbias_ptr + g * N + cols, sums, mask=cols < N)
   tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr, N: gl.constexpr,
-                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, dbias_ptr, G: gl.constexpr, K: gl.constexpr,
+                   N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+                   OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr):
   """lhs_desc over lhs (M, K), box (BLOCK_K, 64); rhs_desc over rhs (M, N), box (BLOCK_K, BLOCK_N); bounds (G + 1,)
   int32, sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
-  BLOCK_N), shared-memory layout OUT_LAYOUT)."""
+  BLOCK_N), shared-memory layout OUT_LAYOUT); dbias (G, N) float32 with BIAS_GRAD (else never touched)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
-                   OUT_LAYOUT, 0)),
-      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S,
-                   OUT_LAYOUT, 1)),
+      (_consumer, (bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K,
+                   S, OUT_LAYOUT, BIAS_GRAD, 0)),
+      (_consumer, (bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K,
+                   S, OUT_LAYOUT, BIAS_GRAD, 1)),
       (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S)),
   ], [4, 1], [232, 40])
