@@ -101,8 +101,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 other=0.0)
     acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if BIAS_GRAD:
-      if ki == 0:  # Only K tile 0's tiles store the sums (the reduction across threads costs every step it runs).
-        col_sum += tl.sum(b.to(tl.float32), axis=0)
+      col_sum += tl.sum(b.to(tl.float32), axis=0)
     if step == steps - 1:  # Bottom: the tile's last step: store it.
       tile_start = (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
       if ACCUMULATE:
