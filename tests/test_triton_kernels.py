@@ -394,12 +394,12 @@ class CrossLoweringTest(parameterized.TestCase):
       self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
 
   @parameterized.product(
+      (dict(dt=jnp.bfloat16, bias_grad=False), dict(dt=jnp.float16, bias_grad=False),
+       dict(dt=jnp.float32, bias_grad=False), dict(dt=jnp.bfloat16, bias_grad=True)),
       shape=((8192, 4096, 14336, 8), (100, 64, 40, 3), (1000, 72, 2880, 4)),
-      dt=(jnp.bfloat16, jnp.float16, jnp.float32),
       transpose_lhs=(False, True),
-      bias_grad=(False, True),
   )
-  def test_tgmm_ws_compiles_for_sm90(self, shape, dt, transpose_lhs, bias_grad):
+  def test_tgmm_ws_compiles_for_sm90(self, dt, bias_grad, shape, transpose_lhs):
     """The warp-specialised tgmm where it applies (2-byte floats, lhs (M, K) read transposed; with or without the
     bias gradient), tgmm_kernel elsewhere and with a jaxlib that cannot build host TMA descriptors."""
     m, k, n, groups = shape

@@ -144,7 +144,7 @@ def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, emp
     if sums_here:
       if ki == 0:
         cols = ni * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, sums_layout))
-        gl.store(dbias_ptr + g * N + cols, sums, mask=cols < N)
+        gl.store(dbias_ptr + g.to(gl.int64) * N + cols, sums, mask=cols < N)
   tma.store_wait(pendings=0)
 
 
