@@ -233,14 +233,14 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
                             bias_grad=bias_grad, config=None, precision=precision)
   config = choice.config
   accumulate = existing_out is not None
+  out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+                jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
   if (config.warp_specialized and device.arch == "sm90" and device.tma and transpose_lhs and not accumulate
       and lhs.dtype.name in ("bfloat16", "float16") and out_dtype.name in ("bfloat16", "float16")
       and geometry.tgmm_ws_ok(m, k, n, num_groups, config.block_m, config.block_n, config.block_k,
                               config.num_stages, config_table.shared_memory_limit(device.arch))):
-    out, dbias = _tgmm_ws(lhs, rhs, bounds, out_dtype, bias_grad, config, device)
+    out, dbias = _tgmm_ws(lhs, rhs, bounds, out_shapes, bias_grad, config, device)
     return (out, dbias) if bias_grad else out
-  out_shapes = [jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-                jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)]
   out, dbias = ffi.triton_call(
       lhs, rhs, bounds, existing_out if accumulate else bounds, m,
       kernel=tgmm_kernels.tgmm_kernel, out_shape=out_shapes,
@@ -254,24 +254,23 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
   return (out, dbias) if bias_grad else out
 
 
-def _tgmm_ws(lhs, rhs, bounds, out_dtype, bias_grad, config, device):
-  """(out, dbias (G, N) float32 if bias_grad else a (1,) placeholder): tgmm of lhs (M, K) read transposed and rhs
-  (M, N) through tgmm_ws_kernel (the caller checked that it applies)."""
-  m, k = lhs.shape
+def _tgmm_ws(lhs, rhs, bounds, out_shapes, bias_grad, config, device):
+  """(out, dbias) of out_shapes (tgmm's: dbias (G, N) float32 if bias_grad else a (1,) placeholder): tgmm of lhs
+  (M, K) read transposed and rhs (M, N) through tgmm_ws_kernel (the caller checked that it applies)."""
+  k = lhs.shape[1]
   n = rhs.shape[1]
   num_groups = bounds.shape[0] - 1
+  out_dtype = out_shapes[0].dtype
   lhs_block, rhs_block = (config.block_k, gmm_ws.HALF.value), (config.block_k, config.block_n)
   out_block = (gmm_ws.HALF.value, config.block_n)
   tiles = num_groups * geometry.cdiv(k, tgmm_ws.BLOCK_M.value) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs, rhs_block, layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)), bounds,
-      kernel=tgmm_ws.tgmm_ws_kernel,
-      out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-                 jax.ShapeDtypeStruct((num_groups, n) if bias_grad else (1,), jnp.float32)],
-      grid=(min(device.num_sms, tiles),), num_warps=tgmm_ws.NUM_WARPS, maxnreg=tgmm_ws.MAXNREG,
-      name="jgmm_tgmm_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      S=config.num_stages, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), BIAS_GRAD=bias_grad)
+      kernel=tgmm_ws.tgmm_ws_kernel, out_shape=out_shapes, grid=(min(device.num_sms, tiles),),
+      num_warps=tgmm_ws.NUM_WARPS, maxnreg=tgmm_ws.MAXNREG, name="jgmm_tgmm_ws", G=num_groups, K=k, N=n,
+      BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
+      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), BIAS_GRAD=bias_grad)
 
 
 def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precision):
