@@ -123,10 +123,12 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
       no existing_out, bias_grad or precision with FP8.
 
   Returns:
-    (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). On Hopper, the
-    warp-specialised kernel (bf16/fp16 with transpose_lhs; Config.warp_specialized) reads each group's last reduction
-    step whole and multiplies the rhs rows past the group's end (fewer than config.block_k) by zeros: an inf or NaN
-    in such a row (the next group's, or one after the last group) makes that group's result NaN.
+    (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). Rows outside the groups
+    never reach the result, whatever they hold. On Hopper, the warp-specialised kernel (bf16/fp16 with transpose_lhs;
+    Config.warp_specialized) reads config.block_k rows a reduction step, some of them another group's, and multiplies
+    those by zeros: an inf or NaN in rhs in another group's rows within block_k rows of a group makes that group's
+    result NaN; and where all groups together hold fewer than block_k rows and start past row 0, so do rows after
+    the groups.
   """
   if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,

@@ -649,7 +649,7 @@ class GpuKernelTest(KernelTestBase):
     inside a step (their last step's rows past the group zeroed), groups of one step (48 groups of ~14 rows), K
     tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group; the bias gradient
     (column sums of rhs per group, consumer 0's on K tile 0) with rows outside the groups set to NaN in rhs: it
-    selects them out, so they must not reach it (the product still multiplies them by zeros: not checked there)."""
+    selects them out, so they must not reach it (test_tgmm_ws_rows_outside_groups checks the product)."""
     dt = GPU_DTYPES[dtype]
     lhs, rhs = self.normal((m, k), dt), self.normal((m, n), dt)
     bounds = self.random_bounds(m, groups)
@@ -668,6 +668,32 @@ class GpuKernelTest(KernelTestBase):
       _, dbias = run_tgmm(lhs, rhs.at[outside].set(np.nan), bounds, transpose_lhs=True, out_dtype=dt, bias_grad=True,
                           config=config)
       self.assert_close(dbias, want_dbias, 1e-5, "dbias, NaN outside the groups")
+
+  @parameterized.product(
+      sizes=(dict(start=0, sizes=[10, 5, 0, 70, 200, 64, 1]),  # short groups at both ends
+             dict(start=37, sizes=[20, 100, 3, 129]),  # rows before the groups, a short first group
+             dict(start=0, sizes=[40]),  # fewer rows than a step, from row 0 (steps from row 40 - block_k)
+             dict(start=0, sizes=[600])),  # every row in one group
+      bias_grad=(False, True),
+      block_k=(64, 32),
+  )
+  def test_tgmm_ws_rows_outside_groups(self, sizes, bias_grad, block_k):
+    """tgmm_ws's steps near the groups' end read the block_k rows that end there (from a negative row where the groups
+    start at row 0 and hold fewer): rows outside the groups (inf, -inf and NaN in both operands) must not reach the
+    gradient or the bias gradient. The other groups' rows a step reads (zeroed in lhs) hold finite values here (an
+    inf there reaches the group: tgmm_ws's documented limit)."""
+    m, k, n = 600, 136, 264
+    lhs, rhs = self.normal((m, k), jnp.bfloat16), self.normal((m, n), jnp.bfloat16)
+    bounds = self.bounds(m, sizes["sizes"], start=sizes["start"])
+    want, want_dbias = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, True)
+    outside = np.r_[:bounds[0], bounds[-1]:m]
+    poison = np.resize(np.array([np.inf, -np.inf, np.nan], np.float32), len(outside))[:, None]
+    config = Config(block_m=128, block_n=128, block_k=block_k, num_warps=8, num_stages=4, warp_specialized=True)
+    got = run_tgmm(lhs.at[outside].set(poison), rhs.at[outside].set(poison[::-1]), bounds, transpose_lhs=True,
+                   out_dtype=jnp.bfloat16, bias_grad=bias_grad, config=config)
+    self.assert_close(got[0] if bias_grad else got, want, GPU_TOLERANCE["bf16"])
+    if bias_grad:
+      self.assert_close(got[1], want_dbias, 1e-5, "dbias")
 
   @parameterized.parameters("bf16", "f16", "f32")
   def test_masked(self, dtype):

@@ -6,16 +6,18 @@ gmm_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N: t
 t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are consecutive: its rows stay in L2). A
 TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K rows [64 H, 64 H + 64) of
 the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
-MN-major operand). A step starts at the group's first row plus a multiple of BLOCK_K (TMA reads at any row), so only
-a group's last step can hold rows past its end (the next group's, or rows past M, which TMA reads as zeros): each
-consumer zeroes those rows of its lhs half before its wgmma, so they add nothing. The rhs rows there still meet
-those zeros: an inf or NaN in rhs within BLOCK_K rows past a group's end (the next group's, or rows after the
-groups) makes that group's gradient NaN, as in tgmm_fp8_ws; tgmm_kernel never reads them. A tile of an empty
-group stores zeros without loading.
+MN-major operand). Step s reads BLOCK_K rows from the group's first row + s * BLOCK_K (TMA reads at any row), or
+from the groups' end (bounds[G]) - BLOCK_K where that is earlier, so that no step reads a row outside the groups
+(before bounds[0], or from bounds[G] on: they may hold anything); rows before 0 or past M read as zeros. The one
+exception: where bounds[0] > 0 and all groups together hold fewer than BLOCK_K rows, steps start at bounds[0] and
+read past bounds[G]. Each consumer zeroes its lhs half's rows outside the step's own (rows of other groups or of the
+previous step) before its wgmma, so they add nothing; their rhs rows still meet those zeros, so an inf or NaN in
+rhs in another group's rows within BLOCK_K rows of a group makes that group's gradient NaN (tgmm_kernel never reads
+them). A tile of an empty group stores zeros without loading.
 
 With BIAS_GRAD, also dbias (G, N) float32: the column sums of rhs over each group's rows (gmm's bias gradient).
 Consumer 0 adds up the rhs tile of each step of the tiles of K tile 0 in its registers while that step's wgmma runs
-(rows past the group's end selected out, so they add nothing whatever they hold) and stores them with the tile.
+(rows outside the step's own selected out, so they add nothing whatever they hold) and stores them with the tile.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -49,19 +51,28 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
+def _last_start(bounds_ptr, G: gl.constexpr, BLOCK_K: gl.constexpr):
+  """The last row a step may start at: BLOCK_K rows before the groups' end (bounds[G]), or bounds[0] if later and > 0
+  (rows before it are outside the groups; before row 0 they read as zeros)."""
+  first = gl.load(bounds_ptr)
+  return gl.maximum(gl.load(bounds_ptr + G) - BLOCK_K, first - BLOCK_K * (first == 0).to(gl.int32))
+
+
+@gluon.jit
 def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
             N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
   """Per step of each tile: waits until both consumers released the stage, then copies the step's lhs halves (the
   bottom one only if the tile has K rows there) and rhs rows into it."""
   num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
   half_bytes: gl.constexpr = lhs_desc.block_type.nbytes
+  last_start = _last_start(bounds_ptr, G, BLOCK_K)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
     _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
     both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
     for kk in range(steps):
       slot = step % S
-      m0 = start + kk * BLOCK_K
+      m0 = gl.minimum(start + kk * BLOCK_K, last_start)
       mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
       ready_bar = ready.index(slot)
       mbarrier.expect(ready_bar, rhs_desc.block_type.nbytes + 2 * half_bytes, pred=both)
@@ -83,19 +94,26 @@ def keep_only(a_buf, keep, layout: gl.constexpr):
 
 
 @gluon.jit
-def _zero_rows_past(a_buf, m0, end, BLOCK_K: gl.constexpr):
-  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) at or past row `end`."""
-  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-  keep_only(a_buf, gl.expand_dims(m0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout)) < end, 1), layout)
+def _rows_in(m0, lo, end, ROWS: gl.constexpr, layout: gl.constexpr):
+  """(ROWS, 1) in `layout`: whether rows m0 .. m0 + ROWS - 1 lie in [lo, end)."""
+  rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+  return gl.expand_dims((rows >= lo) & (rows < end), 1)
 
 
 @gluon.jit
-def _column_sums(b_buf, m0, end, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr, LAYOUT: gl.constexpr):
-  """Float32 sums over the rows before `end` of the rhs tile b_buf (BLOCK_K rows from row m0, BLOCK_N columns), by
+def _zero_rows_outside(a_buf, m0, lo, end, BLOCK_K: gl.constexpr):
+  """Zeroes the rows of a_buf (BLOCK_K rows of lhs from row m0 x 64 of K) outside [lo, end)."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+  keep_only(a_buf, _rows_in(m0, lo, end, BLOCK_K, layout), layout)
+
+
+@gluon.jit
+def _column_sums(b_buf, m0, lo, end, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr, LAYOUT: gl.constexpr):
+  """Float32 sums over the rows in [lo, end) of the rhs tile b_buf (BLOCK_K rows from row m0, BLOCK_N columns), by
   one warpgroup in LAYOUT (a thread holds whole columns: no reduction across threads), 16 rows at a time."""
   sums = gl.zeros((BLOCK_N,), gl.float32, gl.SliceLayout(0, LAYOUT))
   for i in gl.static_range(BLOCK_K // 16):
-    keep = gl.expand_dims(m0 + 16 * i + gl.arange(0, 16, layout=gl.SliceLayout(1, LAYOUT)) < end, 1)
+    keep = _rows_in(m0 + 16 * i, lo, end, 16, LAYOUT)
     values = b_buf.slice(16 * i, 16, dim=0).load(LAYOUT).to(gl.float32)
     sums += gl.sum(gl.where(keep, values, gl.zeros_like(values)), axis=0)
   return sums
@@ -113,6 +131,7 @@ def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, emp
                                                        instr_shape=[16, BLOCK_N, 16])
   num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
   out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  last_start = _last_start(bounds_ptr, G, BLOCK_K)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
     g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
@@ -124,13 +143,14 @@ def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, emp
         slot = (step + kk) % S
         mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
         a = a_bufs.index(2 * slot + H)
-        m0 = start + kk * BLOCK_K
-        if m0 + BLOCK_K > end:
-          _zero_rows_past(a, m0, end, BLOCK_K)
+        lo = start + kk * BLOCK_K  # The step's own rows: [lo, min(lo + BLOCK_K, end)), read from row m0.
+        m0 = gl.minimum(lo, last_start)
+        if (m0 < lo) | (m0 + BLOCK_K > end):
+          _zero_rows_outside(a, m0, lo, end, BLOCK_K)
         acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
         if sums_here:
           if ki == 0:
-            sums += _column_sums(b_bufs.index(slot), m0, end, BLOCK_K, BLOCK_N, sums_layout)
+            sums += _column_sums(b_bufs.index(slot), m0, lo, end, BLOCK_K, BLOCK_N, sums_layout)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         release(empty, empty, (step + kk + S - 1) % S, kk > 0, 1)  # The previous step's stage.
       acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))

@@ -6,6 +6,8 @@ serialised them (session 6).
 fp8:blocks / fp8:rowwise compile gmm_fp8_ws_kernel instead (masked, DeepSeek-V3's (4096, 7168); QGMMA shows as H):
 its consumers' steps read HHHHw0 (the four k32 wgmmas of a 128-wide K block, then the wait before the scaling);
 fp8:blocks:BLOCK_M:BLOCK_N:STAGES:K another tiling and K (default 128:128:4:7168).
+tgmm[:BLOCK_N:STAGES[:bias]] compiles the bf16 tgmm_ws_kernel (gmm's weight gradient of dsv3 gate-up: M = 32768, K =
+7168, N = 4096, 32 groups; 128 x 256, 3 stages by default; `bias` with the bias gradient).
 fp8:tgmm[:BLOCK_N] compiles tgmm_fp8_ws_kernel (fp8_gmm's d rhs of dsv3 gate-up: K = 7168, N = 4096, M = 32768; 128 x
 256 (or BLOCK_N), 3 stages).
 The PTX goes to Triton's ptxas, or to its ptxas-blackwell where that one is too old for the PTX's version (Triton
@@ -37,6 +39,13 @@ for arg in sys.argv[1:]:
                                                config=config)).trace(
         s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fk, fm // 128), jnp.float32),
         s((fn, fm // 128), jnp.float32)).lower(lowering_platforms=("cuda",))
+  elif arg.startswith("tgmm"):
+    block_n, stages, *bias = (arg.split(":")[1:] or ["256", "3"])
+    config = Config(block_m=128, block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
+                    warp_specialized=True)
+    jax.jit(lambda *a: backend_triton.tgmm(*a, None, transpose_lhs=True, out_dtype=dt, bias_grad=bool(bias),
+                                           config=config)).trace(
+        s((32768, 7168), dt), s((32768, 4096), dt), s((33,), jnp.int32)).lower(lowering_platforms=("cuda",))
   elif arg.startswith("fp8:"):
     block_m, block_n, stages, fk = map(int, arg.split(":")[2:] or (128, 128, 4, 7168))
     blocks, f8, fg, fm, fn = arg.startswith("fp8:blocks"), jnp.float8_e4m3fn, 4, 1024, 4096
