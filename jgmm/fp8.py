@@ -224,8 +224,7 @@ def _padded_groups(group_sizes, m):
   padded_sizes = -(-(edges[1:] - edges[:-1]) // 128) * 128
   padded = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(padded_sizes, dtype=jnp.int32)])
   column = 128 * jnp.arange(padded_blocks, dtype=jnp.int32)  # Each block's first padded row.
-  # compare_all: one small fusion (the default's binary search ran as 14 sequential kernels on the GPU).
-  run = jnp.clip(jnp.searchsorted(padded, column, side="right", method="compare_all") - 1, 0, num_groups)
+  run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, num_groups)
   used = column < padded[-1]  # Blocks past the padded rows hold none: (0, 0).
   blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0)])
   return blocks, padded_sizes[:num_groups]
