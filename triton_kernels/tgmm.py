@@ -46,7 +46,6 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
   and bounds_ptr points at masked_m (G,) instead, clipped to [0, MAX_M] by the caller.
   """
   K_TILES: tl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
-  BIAS_PRECISION: tl.constexpr = "ieee" if rhs_ptr.dtype.element_ty == tl.float32 else DOT_PRECISION  # (no tf32)
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   TILES_PER_GROUP: tl.constexpr = K_TILES * N_TILES
   OFFSET: tl.constexpr = tl.int64 if max(BLOCK_M, BLOCK_K) * max(K, N) >= 2**31 else tl.int32
@@ -81,9 +80,9 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
   g, row_start, rows, ki, ni, steps = _tile(tile, group, starts, group_rows, K_TILES, N_TILES, BLOCK_K, GROUP_M)
   step = -1
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  # The bias gradient on the tensor cores: ones (16, BLOCK_K) @ each step's rhs, 16 equal rows of column sums (a
-  # reduction across threads every step cost 2-5x the tile's time).
-  col_acc = tl.zeros((16, BLOCK_N) if BIAS_GRAD else (1, 1), dtype=tl.float32)
+  # The bias gradient: rhs's steps added up element-wise (no reduction across threads in the loop: one per step
+  # cost 2-5x the tile's time), columns summed at the tile's end.
+  col_acc = tl.zeros((BLOCK_K, BLOCK_N) if BIAS_GRAD else (1, 1), dtype=tl.float32)
   for _ in range(0, total_steps):
     step += 1
     if step == steps:  # Top: the program's next tile (loop state only).
@@ -104,7 +103,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 other=0.0)
     acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if BIAS_GRAD:
-      col_acc = tl.dot(tl.full((16, BLOCK_K), 1, b.dtype), b, col_acc, input_precision=BIAS_PRECISION)
+      col_acc += b.to(tl.float32)
     if step == steps - 1:  # Bottom: the tile's last step: store it.
       tile_start = (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
       if ACCUMULATE:
@@ -113,7 +112,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
       store_tile(out_ptr + tile_start, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
       if BIAS_GRAD:
         if ki == 0:
-          tl.store(dbias_ptr + tl.cast(g, tl.int64) * N + ni * BLOCK_N + n_local, tl.max(col_acc, axis=0),
+          tl.store(dbias_ptr + tl.cast(g, tl.int64) * N + ni * BLOCK_N + n_local, tl.sum(col_acc, axis=0),
                    mask=n_mask)
-        col_acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        col_acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
       acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
