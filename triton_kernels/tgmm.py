@@ -80,9 +80,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
   g, row_start, rows, ki, ni, steps = _tile(tile, group, starts, group_rows, K_TILES, N_TILES, BLOCK_K, GROUP_M)
   step = -1
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  # The bias gradient: rhs's steps added up element-wise (no reduction across threads in the loop: one per step
-  # cost 2-5x the tile's time), columns summed at the tile's end.
-  col_acc = tl.zeros((BLOCK_K, BLOCK_N) if BIAS_GRAD else (1, 1), dtype=tl.float32)
+  col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
   for _ in range(0, total_steps):
     step += 1
     if step == steps:  # Top: the program's next tile (loop state only).
@@ -103,7 +101,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
                 other=0.0)
     acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if BIAS_GRAD:
-      col_acc += b.to(tl.float32)
+      col_sum += tl.sum(b.to(tl.float32), axis=0)
     if step == steps - 1:  # Bottom: the tile's last step: store it.
       tile_start = (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
       if ACCUMULATE:
@@ -112,7 +110,6 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
       store_tile(out_ptr + tile_start, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
       if BIAS_GRAD:
         if ki == 0:
-          tl.store(dbias_ptr + tl.cast(g, tl.int64) * N + ni * BLOCK_N + n_local, tl.sum(col_acc, axis=0),
-                   mask=n_mask)
-        col_acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+          tl.store(dbias_ptr + tl.cast(g, tl.int64) * N + ni * BLOCK_N + n_local, col_sum, mask=n_mask)
+        col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
       acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
