@@ -124,11 +124,14 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
 
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). Rows outside the groups
-    never reach the result, whatever they hold. On Hopper, the warp-specialised kernel (bf16/fp16 with transpose_lhs;
-    Config.warp_specialized) reads config.block_k rows a reduction step, some of them another group's, and multiplies
-    those by zeros: an inf or NaN in rhs in another group's rows within block_k rows of a group makes that group's
-    result NaN; and where all groups together hold fewer than block_k rows and start past row 0, so do rows after
-    the groups.
+    never reach the result, whatever they hold, but for the warp-specialised kernels on Hopper
+    (Config.warp_specialized), which read whole reduction steps and multiply the rows in them outside the group by
+    zeros in lhs only:
+    - bf16/fp16 with transpose_lhs: steps of config.block_k rows, some of them another group's: an inf or NaN in
+      rhs in another group's rows within block_k rows of a group makes that group's result NaN; where all groups
+      together hold fewer than block_k rows and start past row 0, so do rows after the groups.
+    - FP8 with lhs (K, M) and rhs (N, M): 128-row steps on M's scale grid: a NaN in rhs in a group's first or last
+      step outside the group (another group's rows, or rows of none) makes that group's result NaN.
   """
   if validation.fp8_requested((lhs, rhs), (lhs_scale, rhs_scale)):
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
