@@ -1,0 +1,199 @@
+"""EXPERIMENT (diagnostic, wrong results): tgmm_fp8_ws with the 128-wide promotion replaced by acc + product (no scales)."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
+from jgmm.triton_kernels.tgmm_ws import group_tile, keep_only
+
+NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
+MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
+# A step's scale rows (1 x 128 of lhs_scale, 1 x BLOCK_N of rhs_scale) come by TMA into unswizzled shared memory.
+SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@gluon.jit
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
+  """tgmm_ws.group_tile's (group, K tile, N tile, first row, end) and the group's first step and steps on the
+  128-row scale grid and the K rows in tile t."""
+  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N)
+  first = start // BLOCK
+  steps = ((end + BLOCK - 1) // BLOCK - first) * (end > start).to(gl.int32)
+  return g, ki, ni, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
+            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr):
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
+  # One lhs half, the rhs tile and both scale rows.
+  half_bytes: gl.constexpr = (lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
+                              + sb_desc.block_type.nbytes)
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
+    for kk in range(steps):
+      slot = step % S
+      m0 = (first + kk) * BLOCK
+      mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+      mbarrier.expect(ready.index(slot), half_bytes + lhs_desc.block_type.nbytes, pred=both)
+      mbarrier.expect(ready.index(slot), half_bytes, pred=rows <= HALF)
+      _tma_load(lhs_desc, [ki * BLOCK, m0], ready.index(slot), a_bufs.index(2 * slot))
+      _tma_load(lhs_desc, [ki * BLOCK + HALF, m0], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
+      _tma_load(rhs_desc, [ni * BLOCK_N, m0], ready.index(slot), b_bufs.index(slot))
+      _tma_load(sa_desc, [first + kk, ki * BLOCK], ready.index(slot), sa_bufs.index(slot))
+      _tma_load(sb_desc, [first + kk, ni * BLOCK_N], ready.index(slot), sb_bufs.index(slot))
+      step += 1
+
+
+@gluon.jit
+def _zero_other_rows(a_buf, m0, start, end):
+  """Zeroes the columns of a_buf (64 K rows x 128 rows of M from m0) outside the group's rows [start, end)."""
+  layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+  cols = m0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, layout))
+  keep_only(a_buf, gl.expand_dims((cols >= start) & (cols < end), 0), layout)
+
+
+@gluon.jit
+def _add_scaled(acc, a, b, sa, sb_buf):
+  """acc + (a @ b) * sa[:, None] * sb[None, :], the product's wgmmas from zero (promotion). The column scales sb
+  (32 registers a thread) are read from sb_buf while the wgmmas run: two accumulators, a product and one sb fit."""
+  product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+  sb = sb_buf.load(gl.SliceLayout(0, acc.type.layout))
+  product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+  return acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+
+
+@gluon.jit
+def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.constexpr):
+  """This consumer's lhs half of stage `step` once it has landed, other groups' rows zeroed (m0: its first row)."""
+  slot = step % S
+  mbarrier.wait(ready.index(slot), (step // S) & 1)
+  a = a_bufs.index(2 * slot + H)
+  if (m0 < start) | (m0 + BLOCK > end):
+    _zero_other_rows(a, m0, start, end)
+  return a
+
+
+@gluon.jit
+def _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first, steps, start, end,
+                 S: gl.constexpr, H: gl.constexpr):
+  """(acc, acc_right) after the tile's steps, 256 wide: per step the left then the right column half, each waited
+  for and promoted before the next (two accumulators and one product fit the registers). _ready_lhs's wait and
+  zeroing are written out here: with the row scales read between them ptxas spills 212 B, through _ready_lhs 260 B
+  (`docs/experiments/tgmm_fp8_ab.py sass`)."""
+  ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+  for kk in range(steps):
+    slot = (step + kk) % S
+    mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+    sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(ROWS)
+    sb = sb_bufs.index(slot).reshape([2 * BLOCK])
+    a = a_bufs.index(2 * slot + H)
+    m0 = (first + kk) * BLOCK
+    if (m0 < start) | (m0 + BLOCK > end):
+      _zero_other_rows(a, m0, start, end)
+    b = b_bufs.index(slot)
+    acc = _add_scaled(acc, a, b.slice(0, BLOCK).permute((1, 0)), sa, sb.slice(0, BLOCK))
+    acc_right = _add_scaled(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), sa, sb.slice(BLOCK, BLOCK))
+    mbarrier.arrive(empty.index(slot))
+  return acc, acc_right
+
+
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready, acc, step, m0, start, end, S: gl.constexpr, H: gl.constexpr):
+  """Issues the product of stage `step` (128 wide) once its lhs half is ready; returns it in flight."""
+  a = _ready_lhs(a_bufs, ready, step, m0, start, end, S, H)
+  return warpgroup_mma(a, b_bufs.index(step % S).permute((1, 0)), acc, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _retire(acc, product, sa_bufs, sb_bufs, empty, step, outstanding: gl.constexpr, S: gl.constexpr,
+            H: gl.constexpr):
+  """acc + product * sa[:, None] * sb[None, :] with stage `step`'s scales once the product is done (`outstanding`
+  later products still in flight); releases the stage."""
+  product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
+  slot = step % S
+  acc = acc + product
+  mbarrier.arrive(empty.index(slot))
+  return acc
+
+
+@gluon.jit
+def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step, first, steps, start, end,
+                      S: gl.constexpr, H: gl.constexpr):
+  """acc after the tile's steps (steps > 0), 128 wide, two products in flight: step kk + 1's issued before step
+  kk's is promoted. Unrolled by two, so that no loop-carried copy reads a product in flight (ptxas would serialise
+  the wgmmas)."""
+  p0 = _issue(a_bufs, b_bufs, ready, acc, step, first * BLOCK, start, end, S, H)
+  for j in range((steps - 1) // 2):
+    kk = 2 * j + 1
+    p1 = _issue(a_bufs, b_bufs, ready, acc, step + kk, (first + kk) * BLOCK, start, end, S, H)
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + kk - 1, 1, S, H)
+    p0 = _issue(a_bufs, b_bufs, ready, acc, step + kk + 1, (first + kk + 1) * BLOCK, start, end, S, H)
+    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + kk, 1, S, H)
+  if steps % 2 == 0:
+    p1 = _issue(a_bufs, b_bufs, ready, acc, step + steps - 1, (first + steps - 1) * BLOCK, start, end, S, H)
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 2, 1, S, H)
+    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+  else:
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+  return acc
+
+
+@gluon.jit
+def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr,
+              K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+              H: gl.constexpr):
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 32])
+  WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
+  num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
+  out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
+  step = 0
+  for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
+    acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
+    if WIDE:
+      acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
+    if (half_rows > 0) & (steps > 0):
+      if WIDE:
+        acc, acc_right = _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first,
+                                      steps, start, end, S, H)
+      else:
+        acc = _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step, first, steps, start, end,
+                                S, H)
+    elif steps > 0:  # The other half has K rows: keep in step with the stages it consumes.
+      release_stages(ready, empty, step, steps, S)
+    step += steps
+    if half_rows > 0:
+      row = g * K + ki * BLOCK + H * HALF
+      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_rows, N, BLOCK, OUT_LAYOUT)
+      if WIDE:
+        if ni * BLOCK_N + BLOCK < N:
+          store_half(out_ptr, out_desc, c_bufs.index(H), acc_right, row, ni * BLOCK_N + BLOCK, half_rows, N, BLOCK,
+                     OUT_LAYOUT)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
+                       N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
+  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
+  int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
+  shared-memory layout OUT_LAYOUT)."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], SCALE_LAYOUT)
+  sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
+  gl.warp_specialize([
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 0)),
+      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
+                   OUT_LAYOUT, 1)),
+      (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
+                 K, N, BLOCK_N, S)),
+  ], [4, 1], [240, 24])
