@@ -539,11 +539,6 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, devi
   (MB, N)."""
   k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
-  # The kernel reads each block of 128 column scales in its own order (tgmm_fp8_ws.COLUMN_BASES).
-  column_blocks = geometry.cdiv(n, block)
-  rhs_scale = jnp.pad(rhs_scale, ((0, 0), (0, column_blocks * block - n)))
-  rhs_scale = rhs_scale.reshape(-1, column_blocks, block)[:, :, jnp.asarray(tgmm_fp8_ws.column_order())]
-  rhs_scale = rhs_scale.reshape(-1, column_blocks * block)
   layout = gmm_ws.shared_layout
   tiles = num_groups * geometry.cdiv(k, block) * geometry.cdiv(n, config.block_n)
   return ffi.triton_call(

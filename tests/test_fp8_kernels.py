@@ -20,7 +20,7 @@ import jgmm
 from jgmm import backend_triton, oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
-from jgmm.triton_kernels import gmm_fp8, tgmm_fp8_ws
+from jgmm.triton_kernels import gmm_fp8
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
@@ -172,24 +172,6 @@ class InterpretedFp8Test(Fp8KernelTestBase):
                             preferred_element_type=jnp.float32, backend="triton")
     want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-2)
-
-
-class ColumnOrderTest(absltest.TestCase):
-  """tgmm_fp8_ws.column_order: where the warp-specialised FP8 tgmm reads each column scale of a 128-column block."""
-
-  def test_each_thread_reads_16_byte_runs_in_distinct_banks(self):
-    """A permutation; the thread of lane % 4 = t holds the accumulator's columns 8 j + 2 t + b (j < 16, b < 2) in
-    registers r = 2 j + b, read from offsets 32 t + (r XOR 4 t): runs of 4 registers at 16-byte aligned offsets,
-    which the 4 values of t place in 4 distinct groups of banks."""
-    order = np.asarray(tgmm_fp8_ws.column_order())
-    np.testing.assert_array_equal(np.sort(order), np.arange(128))
-    for t in range(4):
-      for r in range(32):
-        j, b = divmod(r, 2)
-        self.assertEqual(order[32 * t + (r ^ 4 * t)], 8 * j + 2 * t + b)
-    for q in range(8):  # Registers 4 q .. 4 q + 3: one 16-byte load each thread.
-      banks = {(32 * t + 4 * (q ^ t)) % 32 for t in range(4)}
-      self.assertLen(banks, 4)
 
 
 class TileScalesTest(parameterized.TestCase):
@@ -350,9 +332,6 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assertEqual(ws_call.called, ws)
     if ws:  # TMA loads (Triton 3.6 writes shared::cluster, later ones shared::cta).
       self.assertRegex(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global")
-      # The column scales in 16-byte loads (tgmm_fp8_ws.COLUMN_BASES), never 8-byte ones (their natural order).
-      self.assertIn("ld.shared.v4.b32", ptx)
-      self.assertNotRegex(ptx, r"ld\.shared\.v2\.")
     elif m_contiguous and m % 16 == 0:  # Rows of M bytes not 16-byte aligned: no 16-byte copies.
       self.assertIn("cp.async.cg.shared.global", ptx)
 

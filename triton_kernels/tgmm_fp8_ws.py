@@ -2,8 +2,7 @@
 
 out[g] (K, N) = (lhs * lhs_scale)[:, rows of g] @ ((rhs * rhs_scale)[:, rows of g]).T: lhs (K, M) and rhs (N, M)
 FP8, both M-contiguous (the contraction runs along M: K-major operands, the only ones Hopper's FP8 wgmma reads),
-scales float32 (MB, K) and (MB, N) per 128 rows of M on M's global grid (gmm_fp8.py's tgmm), MB = cdiv(M, 128),
-rhs_scale's columns in column_order (the caller permutes them);
+scales float32 (MB, K) and (MB, N) per 128 rows of M on M's global grid (gmm_fp8.py's tgmm), MB = cdiv(M, 128);
 out (G, K, N) viewed (G * K, N).
 
 gmm_fp8_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N (128 or 256): t = program id,
@@ -33,24 +32,6 @@ NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in
 MAXNREG = 168  # Registers per thread at launch; the consumers then take 240, the loader 24.
 # A step's scale rows (1 x 128 of lhs_scale, 1 x BLOCK_N of rhs_scale) come by TMA into unswizzled shared memory.
 SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-# rhs_scale's columns come permuted in each block of 128 (column_order): offset p of a block holds the scale of column
-# c(p) = XOR of COLUMN_BASES[i] over p's set bits i. A thread of the accumulator's layout holds columns 8 j + 2 t + b
-# (t = lane % 4; j < 16, b < 2) at offsets 32 t + ((2 j + b) XOR 4 t): 8 contiguous 16-byte runs, the 4 values of t in
-# distinct banks. So the promotion reads them in 8 loads of 16 bytes a thread instead of 16 of 8 (H200: +4-7%).
-COLUMN_BASES = (1, 8, 16, 32, 64, 18, 36)
-COLUMN_LAYOUT = gl.SharedLinearLayout([[c] for c in COLUMN_BASES])
-
-
-def column_order():
-  """c(p) for p < 128: the column of a 128-column block whose scale the kernel reads at offset p (COLUMN_BASES)."""
-  order = []
-  for p in range(BLOCK.value):
-    c = 0
-    for i, base in enumerate(COLUMN_BASES):
-      if p >> i & 1:
-        c ^= base
-    order.append(c)
-  return order
 
 
 @gluon.jit
@@ -97,18 +78,11 @@ def _zero_other_rows(a_buf, m0, start, end):
 
 
 @gluon.jit
-def _column_scales(sb_buf, layout: gl.constexpr):
-  """The 128 column scales in sb_buf (a permuted block of rhs_scale, column_order), in layout (the accumulator's
-  columns)."""
-  return sb_buf._reinterpret(gl.float32, [BLOCK], COLUMN_LAYOUT).load(layout)
-
-
-@gluon.jit
 def _add_scaled(acc, a, b, sa, sb_buf):
   """acc + (a @ b) * sa[:, None] * sb[None, :], the product's wgmmas from zero (promotion). The column scales sb
   (32 registers a thread) are read from sb_buf while the wgmmas run: two accumulators, a product and one sb fit."""
   product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
-  sb = _column_scales(sb_buf, gl.SliceLayout(0, acc.type.layout))
+  sb = sb_buf.load(gl.SliceLayout(0, acc.type.layout))
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
   return acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
 
@@ -163,7 +137,7 @@ def _retire(acc, product, sa_bufs, sb_bufs, empty, step, outstanding: gl.constex
   product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
   slot = step % S
   sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(gl.SliceLayout(1, acc.type.layout))
-  sb = _column_scales(sb_bufs.index(slot).reshape([BLOCK]), gl.SliceLayout(0, acc.type.layout))
+  sb = sb_bufs.index(slot).reshape([BLOCK]).load(gl.SliceLayout(0, acc.type.layout))
   acc = acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
   mbarrier.arrive(empty.index(slot))
   return acc
@@ -231,8 +205,7 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, rea
 def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
                        N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
   """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
-  (MB, K), box (1, 128), and sb_desc over rhs_scale with its columns padded to whole blocks of 128 and permuted in
-  each (column_order), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
+  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
   int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
   shared-memory layout OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
