@@ -3,17 +3,20 @@
 CPU: Triton's interpreter with float32 operands holding FP8 values (its FP8 dots are not trusted); the kernels
 do not depend on the element type, so this runs all their indexing and scaling. jgmm.ffi NaN-poisons every
 output first, so an element the kernel forgets fails. Cross-lowering for sm_90 with real FP8 operands proves
-they compile to Hopper's FP8 wgmma. GPU (skipped without one): FP8 against the dequantised oracle and
+they compile to Hopper's FP8 wgmma; for sm_89 (mma.sync) and AMD's gfx942 (float8_e4m3fnuz, MFMA), that they compile
+to those GPUs' FP8 instructions (compiled only: no such GPU to run them). GPU (skipped without one): FP8 against the dequantised oracle and
 DeepGEMM's criterion against the bf16 product, through the public API.
 """
 import dataclasses
 import os
+import re
 import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import triton
 from absl.testing import absltest, parameterized
 
 import jgmm
@@ -172,6 +175,68 @@ class InterpretedFp8Test(Fp8KernelTestBase):
                             preferred_element_type=jnp.float32, backend="triton")
     want = oracle.masked_gmm(oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128"), masked_m)
     self.assert_close(out, want, 1e-2)
+
+
+# GPUs without Hopper's wgmma, lowered for on the CPU (none to run on): (JAX platform, FP8 format, the asm to read,
+# the FP8 matrix instruction in it). Ada (sm_89): mma.sync on e4m3; AMD CDNA3 (gfx942): float8_e4m3fnuz through MFMA.
+OTHER_TARGETS = {
+    "cuda:89": ("cuda", jnp.float8_e4m3fn, "ptx", r"mma\.sync\.aligned\.m16n8k32\.row\.col\.f32\.e4m3\.e4m3"),
+    "rocm:gfx942": ("rocm", jnp.float8_e4m3fnuz, "amdgcn", r"v_mfma_f32_\w+_fp8_fp8"),
+}
+
+
+@absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")
+@absltest.skipIf(not hasattr(gmm_fp8.gmm_fp8_kernel, "cache_key"),
+                 "TRITON_INTERPRET=1 was set when the kernels were imported: they cannot be compiled")
+class Fp8OtherTargetsTest(parameterized.TestCase):
+  """The FP8 ops and fp8_gmm's training step lowered for GPUs without Hopper's wgmma: each through Triton kernels
+  that multiply FP8 by FP8 (no dequantised product), in the platform's FP8 format."""
+
+  def kernels(self, target, fn, *args):
+    """The asm of every kernel fn lowers to for target."""
+    platform, _, asm, _ = OTHER_TARGETS[target]
+    if platform == "rocm" and "amd" not in triton.backends.backends:
+      self.skipTest("this Triton build has no HIP backend")
+    _compile._cache.clear()
+    try:
+      with mock.patch.dict(os.environ, {"JGMM_TARGET": target}):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    except _compile.KernelCompileError as e:
+      if "libtriton_amd_codegen" not in str(e):
+        raise
+      self.skipTest(f"this Triton's HIP backend lacks its code generator library: {str(e)[-160:]}")
+    self.assertIn("triton_kernel_call", text)
+    return [c.asm[asm] for c in _compile._cache.values()]
+
+  @parameterized.parameters(*OTHER_TARGETS)
+  def test_ops(self, target):
+    """gmm (block and row-channel recipes), masked_gmm and tgmm (lhs (K, M), rhs (N, M)): one FP8 kernel each."""
+    s, f32, i32, f8 = jax.ShapeDtypeStruct, jnp.float32, jnp.int32, OTHER_TARGETS[target][1]
+    m, k, n, g = 1024, 512, 256, 4
+    ops = [
+        (lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True),
+         (s((m, k), f8), s((g, n, k), f8), s((g,), i32), s((m, k // 128), f32), s((g, n // 128, k // 128), f32))),
+        (lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True),
+         (s((m, k), f8), s((g, n, k), f8), s((g,), i32), s((m,), f32), s((g, n), f32))),
+        (lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4]),
+         (s((g, 256, k), f8), s((g, n, k), f8), s((g,), i32), s((g, 256, k // 128), f32),
+          s((g, n // 128, k // 128), f32))),
+        (lambda *a: jgmm.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True),
+         (s((k, m), f8), s((n, m), f8), s((g,), i32), s((k, m // 128), f32), s((n, m // 128), f32))),
+    ]
+    for fn, args in ops:
+      (kernel,) = self.kernels(target, fn, *args)
+      self.assertRegex(kernel, OTHER_TARGETS[target][3])
+
+  @parameterized.parameters(*OTHER_TARGETS)
+  def test_fp8_gmm_training_step(self, target):
+    """fp8_gmm's gradients: the forward, d lhs and d rhs products in FP8, beside the quantisation kernels."""
+    s, fp8_dtype = jax.ShapeDtypeStruct, OTHER_TARGETS[target][1]
+    m, k, n, g = 2048, 256, 384, 4
+    loss = lambda x, w, gs: jgmm.fp8_gmm(x, w, gs, fp8_dtype=fp8_dtype).astype(jnp.float32).sum()
+    kernels = self.kernels(target, jax.value_and_grad(loss, argnums=(0, 1)), s((m, k), jnp.bfloat16),
+                           s((g, k, n), jnp.bfloat16), s((g,), jnp.int32))
+    self.assertEqual(sum(bool(re.search(OTHER_TARGETS[target][3], a)) for a in kernels), 3)
 
 
 class TileScalesTest(parameterized.TestCase):
