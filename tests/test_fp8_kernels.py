@@ -4,8 +4,8 @@ CPU: Triton's interpreter with float32 operands holding FP8 values (its FP8 dots
 do not depend on the element type, so this runs all their indexing and scaling. jgmm.ffi NaN-poisons every
 output first, so an element the kernel forgets fails. Cross-lowering for sm_90 with real FP8 operands proves
 they compile to Hopper's FP8 wgmma; for sm_89 (mma.sync) and AMD's gfx942 (float8_e4m3fnuz, MFMA), that they compile
-to those GPUs' FP8 instructions (compiled only: no such GPU to run them). GPU (skipped without one): FP8 against the dequantised oracle and
-DeepGEMM's criterion against the bf16 product, through the public API.
+to those GPUs' FP8 instructions (compiled only: no such GPU to run them). GPU (skipped without one): FP8 against the
+dequantised oracle and DeepGEMM's criterion against the bf16 product, through the public API.
 """
 import dataclasses
 import os
