@@ -240,17 +240,17 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
       and geometry.tgmm_ws_ok(m, k, n, num_groups, config.block_m, config.block_n, config.block_k,
                               config.num_stages, config_table.shared_memory_limit(device.arch))):
     out, dbias = _tgmm_ws(lhs, rhs, bounds, out_shapes, bias_grad, config, device)
-    return (out, dbias) if bias_grad else out
-  out, dbias = ffi.triton_call(
-      lhs, rhs, bounds, existing_out if accumulate else bounds, m,
-      kernel=tgmm_kernels.tgmm_kernel, out_shape=out_shapes,
-      grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
-                              _persistent_programs(config, device)),
-      num_warps=config.num_warps, num_stages=config.num_stages,
-      input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
-      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
-      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
+  else:
+    out, dbias = ffi.triton_call(
+        lhs, rhs, bounds, existing_out if accumulate else bounds, m,
+        kernel=tgmm_kernels.tgmm_kernel, out_shape=out_shapes,
+        grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
+                                _persistent_programs(config, device)),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
+        K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
+        ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
 
 
