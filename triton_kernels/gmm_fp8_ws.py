@@ -51,12 +51,6 @@ SCALES = gl.constexpr(128)
 SCALE_LAYOUT = gl.SwizzledSharedLayout(1, 1, 1, [0])
 # A stage's lhs block scales, a (1, 128) row of the tile-major scales, come by TMA into unswizzled shared memory.
 ROW_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-# work_split shares the last waves' tiles by reduction steps where the last wave fills under SPLIT_BELOW percent of
-# the programs (0: never, whole tiles only; 100: wherever it is partial).
-SPLIT_BELOW = 100
-# A consumer warpgroup's threads, one element each: the stream-K flags' adds and waits (publish, wait_flag).
-THREADS = gl.constexpr(128)
-THREAD_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
 
 @gluon.jit
@@ -73,23 +67,20 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr, SPLIT_BELOW: gl.constexpr):
-  """gmm_ws's loader over the program's work items (work_item), each stage with its block scales where the recipe
-  has them: the lhs ones by TMA with the operands (counted by the same expect), the rhs ones by copy_rhs_scales
-  (issued before that expect)."""
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
+  """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
+  operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
-  work, tiles, sk_first, n_dp, n_sk, s0, s1 = work_split(schedule_ptr, num_n, k_steps, R_MAX, SPLIT_BELOW)
   step = 0
-  for i in range(n_dp + n_sk):  # Tiles of zeros (the items after these) load nothing.
-    t, k_begin, k_end = work_item(i, n_dp, n_sk, s0, s1, work, sk_first, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
-      for kk in range(k_begin, k_end):
+      for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
         if RHS_BLOCKS:
@@ -163,120 +154,10 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def sk_start(p, sk_tiles, k_steps):
-  """The first of program p's stream-K steps (counted from the first stream-K tile's first step): p * steps // P over
-  the steps of sk_tiles tiles (int64 products), so any two programs' shares differ by at most one step."""
-  return ((sk_tiles * k_steps).to(gl.int64) * p // gl.num_programs(0)).to(gl.int32)
-
-
-@gluon.jit
-def work_split(schedule_ptr, num_n, k_steps, R_MAX: gl.constexpr, SPLIT_BELOW: gl.constexpr):
-  """This program's share of the tiles: (tiles holding rows `work`, all tiles, the first stream-K tile sk_first, its
-  counts of whole tiles and of stream-K items, its stream-K steps [s0, s1)). The schedule lists the row tiles
-  holding rows first and their count after its four fields; tile t is row tile t // num_n.
-
-  Tiles t < sk_first go whole, round-robin (program p: p, p + P, ...). Where `work` is no multiple of the P programs
-  (and fills under SPLIT_BELOW percent of them), the tiles from sk_first on (the last partial wave and one whole wave before it, or all where work
-  < P) are shared by reduction steps instead: program p takes steps [sk_start(p), sk_start(p + 1)) of them, so the
-  programs end within a step of each other where whole tiles would leave most of them idle in the last wave. Tiles
-  of zeros (no rows) follow, round-robin (work_item)."""
-  programs = gl.num_programs(0)
-  pid = gl.program_id(0)
-  work = gl.load(schedule_ptr + 1 + 4 * R_MAX) * num_n
-  tiles = gl.load(schedule_ptr) * num_n
-  last_wave = work % programs
-  sk_first = work
-  if (last_wave != 0) & (last_wave * 100 < SPLIT_BELOW * programs):
-    sk_first = gl.maximum(work - last_wave - programs, 0)
-  n_dp = (gl.maximum(sk_first - pid, 0) + programs - 1) // programs
-  s0 = sk_start(pid, work - sk_first, k_steps)
-  s1 = sk_start(pid + 1, work - sk_first, k_steps)
-  n_sk = gl.where(s1 > s0, (s1 - 1) // k_steps - s0 // k_steps + 1, 0)
-  return work, tiles, sk_first, n_dp, n_sk, s0, s1
-
-
-@gluon.jit
-def work_item(i, n_dp, n_sk, s0, s1, work, sk_first, k_steps):
-  """Item i of this program's work (work_split's counts): (tile, its first reduction step, the step it ends before);
-  items past the whole and stream-K ones are tiles of zeros (no steps)."""
-  programs = gl.num_programs(0)
-  pid = gl.program_id(0)
-  if i < n_dp:
-    t = pid + i * programs
-    k_begin = 0
-    k_end = k_steps
-  elif i < n_dp + n_sk:
-    j = s0 // k_steps + i - n_dp  # Counted from sk_first.
-    t = sk_first + j
-    k_begin = gl.maximum(s0 - j * k_steps, 0)
-    k_end = gl.minimum(s1 - j * k_steps, k_steps)
-  else:
-    t = work + pid + (i - n_dp - n_sk) * programs
-    k_begin = 0
-    k_end = 0
-  return t, k_begin, k_end
-
-
-@gluon.jit
-def _partial_offsets(acc, partials_ptr, slot, WIDE: gl.constexpr):
-  """Pointers to partials slot `slot` (a (WIDTH, 64, 128) float32 block, WIDTH 2 if WIDE else 1), in acc's layout."""
-  rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc.type.layout))
-  cols = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, acc.type.layout))
-  width: gl.constexpr = 2 if WIDE else 1
-  return (partials_ptr + slot.to(gl.int64) * (width * HALF * BLOCK)
-          + gl.expand_dims(rows, 1) * BLOCK + gl.expand_dims(cols, 0))
-
-
-@gluon.jit
-def publish(acc, acc_right, partials_ptr, flags_ptr, slot, WIDE: gl.constexpr):
-  """A stream-K part of a tile after its first step (a program's first item): its sums (acc, and acc_right if WIDE)
-  into partials slot `slot`, then each of the consumer's threads adds 1 to flags[slot], a release (THREADS adds
-  tell the tile's first part that every thread's sums have landed)."""
-  ptrs = _partial_offsets(acc, partials_ptr, slot, WIDE)
-  gl.store(ptrs, acc)
-  if WIDE:
-    gl.store(ptrs + HALF * BLOCK, acc_right)
-  lanes = gl.zeros([THREADS], gl.int32, layout=THREAD_LAYOUT)
-  gl.atomic_add(flags_ptr + slot + lanes, lanes + 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def wait_flag(flag_ptr):
-  """Each thread reads flag_ptr with acquire semantics until it holds THREADS = 128 (publish's count)."""
-  gl.inline_asm_elementwise(
-      "{ .reg .pred waiting; WAIT: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 waiting, $0, 128; "
-      "@waiting bra WAIT; }",
-      "=r,l", [flag_ptr + gl.zeros([THREADS], gl.int32, layout=THREAD_LAYOUT)], dtype=gl.int32, is_pure=False,
-      pack=1)
-
-
-@gluon.jit
-def collect(acc, acc_right, partials_ptr, flags_ptr, tile, k_steps, sk_tiles, H: gl.constexpr, HALVES: gl.constexpr,
-            WIDE: gl.constexpr):
-  """The first part of stream-K tile `tile` (counted from the first stream-K tile): (acc, acc_right) plus the sums
-  published by the programs after this one whose steps start inside the tile (none where a program's share is
-  empty), added in program order (the same sum on every run), each once its flag says it landed."""
-  end = (tile + 1) * k_steps
-  q = gl.program_id(0) + 1
-  start = sk_start(q, sk_tiles, k_steps)
-  while start < end:
-    following = sk_start(q + 1, sk_tiles, k_steps)
-    if following > start:
-      wait_flag(flags_ptr + q * HALVES + H)
-      ptrs = _partial_offsets(acc, partials_ptr, q * HALVES + H, WIDE)
-      acc = acc + gl.load(ptrs)
-      if WIDE:
-        acc_right = acc_right + gl.load(ptrs + HALF * BLOCK)
-    q += 1
-    start = following
-  return acc, acc_right
-
-
-@gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs, c_bufs,
-              sa_bufs, s_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-              BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr, SPLIT_BELOW: gl.constexpr):
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+              LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
+              HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -286,12 +167,8 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
-  work, tiles, sk_first, n_dp, n_sk, s0, s1 = work_split(schedule_ptr, num_n, k_steps, R_MAX, SPLIT_BELOW)
-  programs = gl.num_programs(0)
-  n_zero = (gl.maximum(tiles - work - gl.program_id(0), 0) + programs - 1) // programs
   step = 0
-  for i in range(n_dp + n_sk + n_zero):
-    t, k_begin, k_end = work_item(i, n_dp, n_sk, s0, s1, work, sk_first, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = rows_in_half < half_rows
     col0 = ni * BLOCK_N
@@ -301,18 +178,13 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step,
-                                    k_end - k_begin, S, LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
-      if k_begin > 0:
-        publish(acc, acc_right, partials_ptr, flags_ptr, gl.program_id(0) * HALVES + H, WIDE)
-      elif k_end < k_steps:
-        acc, acc_right = collect(acc, acc_right, partials_ptr, flags_ptr, t - sk_first, k_steps, work - sk_first, H,
-                                 HALVES, WIDE)
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
+                                    LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_end - k_begin, S)
+      release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
-      step += k_end - k_begin
-    if (k_begin == 0) & (half_store > 0):  # (A tile's other parts are in its first part's sums.)
+      step += k_steps
+    if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
       sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (without LHS_BLOCKS).
       acc = row_channel_scales(acc, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
@@ -332,41 +204,34 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
 
 @gluon.jit
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
-                      partials_ptr, flags_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-                      BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-                      OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr, SPLIT_BELOW: gl.constexpr):
+                      K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+                      LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+                      HALVES: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
   the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
   2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
   out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
-  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers. Tiles shared by
-  reduction steps (work_split, SPLIT_BELOW) add their parts through partials (P HALVES, BLOCK_N // 128, 64, 128)
-  float32 (scratch) and flags (P HALVES,) int32, zero at launch."""
+  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 0, HALVES, SPLIT_BELOW)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 1, HALVES, SPLIT_BELOW)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, SPLIT_BELOW)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 0, HALVES, SPLIT_BELOW)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 1, HALVES, SPLIT_BELOW)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 2, HALVES, SPLIT_BELOW)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, SPLIT_BELOW)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])
