@@ -60,26 +60,25 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
 
 
 def _row_tiles(bounds, m, row_tiles, block_m):
-  """gmm_ws_kernel's schedule (2 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
-  (meaningful for r < R) its group, first row, rows of its group in it, rows to store; how many of the R hold rows
-  of a group (they come first)].
+  """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
+  (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
 
-  Tiles of block_m rows cover each group's rows in turn, then the rows before the first group and after the last
+  Tiles of block_m rows cover each group's rows in turn, and the rows before the first group and after the last
   (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, block_m) + G + 1 holds them all,
   whatever the (sanitised) bounds."""
   num_groups = bounds.shape[0] - 1
-  # Regions: the groups, the rows before them, the rows after them.
-  starts = jnp.concatenate([bounds[:-1], jnp.zeros(1, jnp.int32), bounds[-1:]])
-  ends = jnp.concatenate([bounds[1:], bounds[:1], jnp.full((1,), m, jnp.int32)])
+  # Regions: rows before the groups, the groups, rows after them.
+  starts = jnp.concatenate([jnp.zeros(1, jnp.int32), bounds])
+  ends = jnp.concatenate([bounds, jnp.full((1,), m, jnp.int32)])
   tiles = (ends - starts + block_m - 1) // block_m
   tiles_end = jnp.cumsum(tiles)
   r = jnp.arange(row_tiles, dtype=jnp.int32)
   region = jnp.minimum(jnp.sum(tiles_end[None, :] <= r[:, None], axis=1, dtype=jnp.int32), num_groups + 1)
   row0 = starts[region] + (r - (tiles_end - tiles)[region]) * block_m
   store_rows = jnp.clip(ends[region] - row0, 0, block_m)
-  group = jnp.minimum(region, num_groups - 1)
-  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(region < num_groups, store_rows, 0), store_rows,
-                          tiles_end[num_groups - 1:num_groups]])
+  in_group = (region >= 1) & (region <= num_groups)
+  group = jnp.clip(region - 1, 0, num_groups - 1)
+  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows])
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
@@ -419,24 +418,18 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
   halves = config.block_m // gmm_ws.HALF.value
-  programs = min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n))
-  slots = max(gmm_fp8_ws.MAX_PARTS - 1, 1) * programs * halves  # Parts a split tile's last one adds (work_split).
-  partials = jax.ShapeDtypeStruct((slots, config.block_n // block, *out_block), jnp.float32)
-  out, _, _ = ffi.triton_call(
+  return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
       ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles, config.block_m),
                            (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
-      kernel=gmm_fp8_ws.gmm_fp8_ws_kernel,
-      out_shape=(jax.ShapeDtypeStruct((m, n), out_dtype), partials,
-                 jax.ShapeDtypeStruct((slots,), jnp.int32)),
-      zeroed_outputs=(2,), grid=(programs,), num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves],
-      name="jgmm_gmm_fp8_ws", K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages,
-      LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3,
-      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves, MAX_PARTS=gmm_fp8_ws.MAX_PARTS)
-  return out
+      kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
+      num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
+      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
+      RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves)
 
 
 def _tile_scales(lhs_scale, schedule, row_tiles, block_m):
@@ -467,27 +460,13 @@ def _plain_fp8_config(config, given, call):
 
 
 def _masked_row_tiles(masked_m, max_m, block_m):
-  """gmm_fp8_ws_kernel's schedule (_row_tiles' format) of the masked layout viewed as G * max_m rows: one tile per
-  block_m of each group's max_m rows, first those holding rows < masked_m[g] (clipped to [0, max_m]), group by
-  group, then the others (tiles of zeros), group by group."""
-  num_groups = masked_m.shape[0]
+  """gmm_fp8_ws_kernel's schedule (_row_tiles' format) of the masked layout viewed as G * max_m rows: per group,
+  one tile per block_m of its max_m rows, holding the rows < masked_m[g] of the group (none: a tile of zeros)."""
   m_tiles = geometry.cdiv(max_m, block_m)
-  valid = jnp.clip(masked_m, 0, max_m)
-  used = (valid + block_m - 1) // block_m  # Tiles holding rows, per group.
-  used_end, unused_end = jnp.cumsum(used), jnp.cumsum(m_tiles - used)
-  r = jnp.arange(num_groups * m_tiles, dtype=jnp.int32)
-  zeros = r >= used_end[-1]
-  z = r - used_end[-1]  # Index among the tiles of zeros.
-
-  def group_of(index, ends):
-    return jnp.minimum(jnp.sum(ends[None, :] <= index[:, None], axis=1, dtype=jnp.int32), num_groups - 1)
-
-  group = jnp.where(zeros, group_of(z, unused_end), group_of(r, used_end))
-  tile = jnp.where(zeros, used[group] + z - (unused_end - (m_tiles - used))[group], r - (used_end - used)[group])
-  first = tile * block_m
+  r = jnp.arange(masked_m.shape[0] * m_tiles, dtype=jnp.int32)
+  group, first = r // m_tiles, r % m_tiles * block_m
   return jnp.concatenate([jnp.full((1,), r.shape[0], jnp.int32), group, group * max_m + first,
-                          jnp.clip(valid[group] - first, 0, block_m), jnp.minimum(max_m - first, block_m),
-                          used_end[-1:]])
+                          jnp.clip(masked_m[group] - first, 0, block_m), jnp.minimum(max_m - first, block_m)])
 
 
 def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):

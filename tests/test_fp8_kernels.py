@@ -23,7 +23,7 @@ import jgmm
 from jgmm import backend_triton, oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
-from jgmm.triton_kernels import gmm_fp8, gmm_fp8_ws
+from jgmm.triton_kernels import gmm_fp8
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
@@ -237,46 +237,6 @@ class Fp8OtherTargetsTest(parameterized.TestCase):
     kernels = self.kernels(target, jax.value_and_grad(loss, argnums=(0, 1)), s((m, k), jnp.bfloat16),
                            s((g, k, n), jnp.bfloat16), s((g,), jnp.int32))
     self.assertEqual(sum(bool(re.search(OTHER_TARGETS[target][3], a)) for a in kernels), 3)
-
-
-class ScheduleTest(parameterized.TestCase):
-  """backend_triton._row_tiles and _masked_row_tiles: the R tiles store every row exactly once, each tile's rows of
-  its group are the rows of that group it stores (none elsewhere), and the tiles holding rows come first, their
-  count after the four fields (gmm_fp8_ws's work_split reads it)."""
-
-  def check(self, schedule, row_tiles, block_m, group_of_row):
-    schedule = np.asarray(schedule)
-    self.assertEqual(schedule.shape, (2 + 4 * row_tiles,))
-    used, work = schedule[0], schedule[-1]
-    group, first, rows, store = schedule[1:-1].reshape(4, row_tiles)[:, :used]
-    stored = np.zeros(group_of_row.shape[0], int)
-    for g, r0, n_rows, n_store in zip(group, first, rows, store):
-      self.assertLessEqual(n_store, block_m)
-      stored[r0:r0 + n_store] += 1
-      np.testing.assert_array_equal(group_of_row[r0:r0 + n_rows], g)  # Rows of its group...
-      self.assertTrue((group_of_row[r0 + n_rows:r0 + n_store] == -1).all())  # ...then rows of none.
-    np.testing.assert_array_equal(stored, 1)
-    np.testing.assert_array_equal(rows > 0, np.arange(used) < work)
-
-  @parameterized.parameters(128, 192)
-  def test_contiguous(self, block_m):
-    m = 1000
-    for bounds in ([0, 5, 5, 262, 990], [40, 40, 300, 300], [0, 0, 0], [0, 1000]):
-      row_tiles = -(-m // block_m) + len(bounds)
-      group_of_row = np.full(m, -1)
-      for g in range(len(bounds) - 1):
-        group_of_row[bounds[g]:bounds[g + 1]] = g
-      self.check(backend_triton._row_tiles(jnp.asarray(bounds, jnp.int32), m, row_tiles, block_m), row_tiles,
-                 block_m, group_of_row)
-
-  @parameterized.parameters(128, 192)
-  def test_masked(self, block_m):
-    for max_m, masked_m in ((300, [0, 300, 1, 129, 193, 0]), (37, [5, 37, 0]), (1408, [1239]), (256, [0, 0])):
-      groups = len(masked_m)
-      group_of_row = np.where(np.arange(max_m)[None, :] < np.asarray(masked_m)[:, None],
-                              np.arange(groups)[:, None], -1).reshape(-1)
-      self.check(backend_triton._masked_row_tiles(jnp.asarray(masked_m, jnp.int32), max_m, block_m),
-                 groups * -(-max_m // block_m), block_m, group_of_row)
 
 
 class TileScalesTest(parameterized.TestCase):
@@ -628,49 +588,6 @@ class GpuFp8Test(Fp8KernelTestBase):
     self.assertTrue(ws_call.called)
     self.assert_close(out, want, GPU_TOL if out_dtype == jnp.float32 else 1e-2)
     np.testing.assert_array_equal(out[sizes == 0], 0.0)
-
-  @parameterized.parameters(
-      dict(layout="masked", masked_m=(1239,), max_m=1408, n=4096, k=7168, tile=(192, 128, 3)),
-      dict(layout="masked", masked_m=(619, 600), max_m=704, n=8192, k=2048, tile=(128, 256, 3)),
-      dict(layout="contiguous", masked_m=(100, 0, 120), max_m=300, n=512, k=7168, tile=(128, 128, 4)))
-  def test_warp_specialized_split_tiles(self, layout, masked_m, max_m, n, k, tile):
-    """gmm_fp8_ws_kernel's last partial wave split along K (work_split): DeepGEMM's 1 x 1024 case (224 tiles of 192
-    rows on 132 SMs: 92 tiles in 4 parts), 2 x 512 at N = 8192 (320 tiles of 128 x 256: 56 in 2 parts) and a
-    contiguous case of fewer tiles than programs (8 tiles on 28 programs: 3 parts each), each with rows past the
-    groups. Against the oracle, NaN-poisoned, the same bits on a second run (parts added in part order), and not
-    the bits of whole tiles (so the split ran: its sums round differently)."""
-    block_m, block_n, stages = tile
-    config = dataclasses.replace(WS, block_m=block_m, block_n=block_n, num_stages=stages)
-    sizes = np.asarray(masked_m, np.int32)
-
-    def jitted():  # A new function each time: traced anew (under the MAX_PARTS in force then).
-      if layout == "masked":
-        return jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], config=config,
-                                                  preferred_element_type=jnp.float32))
-      return jax.jit(lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True, config=config,
-                                         preferred_element_type=jnp.float32))
-
-    x, x_scale = self.quantized((len(sizes), max_m, k) if layout == "masked" else (max_m, k), "1x128")
-    w, w_scale = self.quantized((len(sizes), n, k), "128x128")
-    args = (x, w, jnp.asarray(sizes), x_scale, w_scale)
-    xd, wd = oracle.dequantize(x, x_scale, "1x128"), oracle.dequantize(w, w_scale, "128x128")
-    if layout == "masked":
-      want = oracle.masked_gmm(xd, wd, sizes)
-    else:
-      want = oracle.gmm(xd, wd, sizes, transpose_rhs=True)
-    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
-      out = np.asarray(self.poisoned(jitted(), *args))
-    self.assertTrue(ws_call.called)
-    self.assert_close(out, want, GPU_TOL)
-    if layout == "masked":
-      np.testing.assert_array_equal(out[np.arange(max_m)[None, :] >= sizes[:, None]], 0.0)
-    else:
-      np.testing.assert_array_equal(out[sizes.sum():], 0.0)
-    np.testing.assert_array_equal(np.asarray(self.poisoned(jitted(), *args)), out)
-    with mock.patch.object(gmm_fp8_ws, "MAX_PARTS", 1):
-      whole = np.asarray(jitted()(*args))
-    self.assert_close(whole, want, GPU_TOL)
-    self.assertFalse(np.array_equal(whole, out), "the split tiles' sums are the whole tiles' bits: no split ran")
 
   @parameterized.parameters((4096, 7168), (7168, 2048))
   def test_deepgemm_criterion_gmm(self, n, k):

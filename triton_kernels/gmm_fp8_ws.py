@@ -51,11 +51,6 @@ SCALES = gl.constexpr(128)
 SCALE_LAYOUT = gl.SwizzledSharedLayout(1, 1, 1, [0])
 # A stage's lhs block scales, a (1, 128) row of the tile-major scales, come by TMA into unswizzled shared memory.
 ROW_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-# The most parts along K a tile of the last partial wave is split into (work_split; 1: whole tiles only).
-MAX_PARTS = 4
-# A consumer warpgroup's threads, one element each: the split tiles' flags: adds and waits (publish, wait_flag).
-THREADS = gl.constexpr(128)
-THREAD_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
 
 @gluon.jit
@@ -72,23 +67,20 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr, MAX_PARTS: gl.constexpr):
-  """gmm_ws's loader over the program's work items (work_item), each stage with its block scales where the recipe
-  has them: the lhs ones by TMA with the operands (counted by the same expect), the rhs ones by copy_rhs_scales
-  (issued before that expect)."""
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
+  """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
+  operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
-  work, tiles, whole, tail, parts, n_whole, n_tail = work_split(schedule_ptr, num_n, k_steps, R_MAX, MAX_PARTS)
   step = 0
-  for i in range(n_whole + n_tail):  # Tiles of zeros (the items after these) load nothing.
-    t, k_begin, k_end, _, _, _ = work_item(i, n_whole, n_tail, work, whole, tail, parts, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
-      for kk in range(k_begin, k_end):
+      for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
         if RHS_BLOCKS:
@@ -162,116 +154,10 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def work_split(schedule_ptr, num_n, k_steps, R_MAX: gl.constexpr, MAX_PARTS: gl.constexpr):
-  """This program's share of the tiles: (tiles holding rows `work`, all tiles, whole tiles `whole`, tail tiles
-  `tail`, K parts per tail tile, this program's counts of whole tiles and of tail units). The schedule lists the row
-  tiles holding rows first and their count after its four fields; tile t is row tile t // num_n.
-
-  The P programs take tiles t < whole = work - work % P whole, round-robin (program p: p, p + P, ...). The last
-  partial wave's `tail` tiles are split into `parts` parts along K (1 to MAX_PARTS, at most one per step: the count
-  that takes the fewest rounds per part, the fewest parts on ties; 1 where splitting gains nothing) and the parts go
-  round-robin too, part-major (unit u: part u // tail of tail tile u % tail), so the programs of a round read the
-  same K range of neighbouring tiles (what L2 shares between them). A tile's last part adds the others' sums
-  (collect): with tail < P, it is the last unit of its program, and no unit waits on a later one."""
-  programs = gl.num_programs(0)
-  pid = gl.program_id(0)
-  work = gl.load(schedule_ptr + 1 + 4 * R_MAX) * num_n
-  tiles = gl.load(schedule_ptr) * num_n
-  tail = work % programs
-  parts = tail * 0 + 1
-  rounds = parts
-  for s in gl.static_range(2, MAX_PARTS + 1):
-    s_rounds = (tail * s + programs - 1) // programs
-    fewer = (tail > 0) & (s <= k_steps) & (s_rounds * parts < rounds * s)  # s_rounds / s < rounds / parts
-    parts = gl.where(fewer, s, parts)
-    rounds = gl.where(fewer, s_rounds, rounds)
-  whole = work - tail
-  n_whole = (gl.maximum(whole - pid, 0) + programs - 1) // programs
-  n_tail = (gl.maximum(tail * parts - pid, 0) + programs - 1) // programs
-  return work, tiles, whole, tail, parts, n_whole, n_tail
-
-
-@gluon.jit
-def work_item(i, n_whole, n_tail, work, whole, tail, parts, k_steps):
-  """Item i of this program's work (work_split's counts): (tile, its first reduction step, the step it ends before,
-  unit, part, parts of the tile); items past the whole tiles and tail units are tiles of zeros (no steps)."""
-  programs = gl.num_programs(0)
-  pid = gl.program_id(0)
-  unit = pid * 0
-  part = unit
-  tile_parts = unit + 1
-  if i < n_whole:
-    t = pid + i * programs
-    k_begin = unit
-    k_end = unit + k_steps
-  elif i < n_whole + n_tail:
-    unit = pid + (i - n_whole) * programs
-    part = unit // tail
-    tile_parts = parts
-    t = whole + unit % tail
-    k_begin = part * k_steps // parts
-    k_end = (part + 1) * k_steps // parts
-  else:
-    t = work + pid + (i - n_whole - n_tail) * programs
-    k_begin = unit
-    k_end = unit
-  return t, k_begin, k_end, unit, part, tile_parts
-
-
-@gluon.jit
-def _partial_offsets(acc, partials_ptr, slot, WIDE: gl.constexpr):
-  """Pointers to partials slot `slot` (a (WIDTH, 64, 128) float32 block, WIDTH 2 if WIDE else 1), in acc's layout."""
-  rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc.type.layout))
-  cols = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, acc.type.layout))
-  width: gl.constexpr = 2 if WIDE else 1
-  return (partials_ptr + slot.to(gl.int64) * (width * HALF * BLOCK)
-          + gl.expand_dims(rows, 1) * BLOCK + gl.expand_dims(cols, 0))
-
-
-@gluon.jit
-def publish(acc, acc_right, partials_ptr, flags_ptr, slot, WIDE: gl.constexpr):
-  """A part of a split tile before its last: its sums (acc, and acc_right if WIDE) into partials slot `slot`, then
-  each of the consumer's threads adds 1 to flags[slot], a release (THREADS adds tell the tile's last part that
-  every thread's sums have landed)."""
-  ptrs = _partial_offsets(acc, partials_ptr, slot, WIDE)
-  gl.store(ptrs, acc)
-  if WIDE:
-    gl.store(ptrs + HALF * BLOCK, acc_right)
-  lanes = gl.zeros([THREADS], gl.int32, layout=THREAD_LAYOUT)
-  gl.atomic_add(flags_ptr + slot + lanes, lanes + 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def wait_flag(flag_ptr):
-  """Each thread reads flag_ptr with acquire semantics until it holds THREADS = 128 (publish's count)."""
-  gl.inline_asm_elementwise(
-      "{ .reg .pred waiting; WAIT: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 waiting, $0, 128; "
-      "@waiting bra WAIT; }",
-      "=r,l", [flag_ptr + gl.zeros([THREADS], gl.int32, layout=THREAD_LAYOUT)], dtype=gl.int32, is_pure=False,
-      pack=1)
-
-
-@gluon.jit
-def collect(acc, acc_right, partials_ptr, flags_ptr, unit, tail, part, H: gl.constexpr, HALVES: gl.constexpr,
-            WIDE: gl.constexpr):
-  """A tail tile's last part (`part`, unit `unit`): (acc, acc_right) plus the sums its parts 0 .. part - 1 published
-  (units unit % tail, unit % tail + tail, ...), added in part order (the same sum on every run), each once its flag
-  says it landed."""
-  for q in range(part):
-    slot = (q * tail + unit % tail) * HALVES + H
-    wait_flag(flags_ptr + slot)
-    ptrs = _partial_offsets(acc, partials_ptr, slot, WIDE)
-    acc = acc + gl.load(ptrs)
-    if WIDE:
-      acc_right = acc_right + gl.load(ptrs + HALF * BLOCK)
-  return acc, acc_right
-
-
-@gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs, c_bufs,
-              sa_bufs, s_bufs, ready, empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-              BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, HALVES: gl.constexpr, MAX_PARTS: gl.constexpr):
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+              LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
+              HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -281,12 +167,8 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
-  work, tiles, whole, tail, parts, n_whole, n_tail = work_split(schedule_ptr, num_n, k_steps, R_MAX, MAX_PARTS)
-  programs = gl.num_programs(0)
-  n_zero = (gl.maximum(tiles - work - gl.program_id(0), 0) + programs - 1) // programs
   step = 0
-  for i in range(n_whole + n_tail + n_zero):
-    t, k_begin, k_end, unit, part, tile_parts = work_item(i, n_whole, n_tail, work, whole, tail, parts, k_steps)
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
     row_mask = rows_in_half < half_rows
     col0 = ni * BLOCK_N
@@ -296,17 +178,13 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step,
-                                    k_end - k_begin, S, LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
-      if part < tile_parts - 1:
-        publish(acc, acc_right, partials_ptr, flags_ptr, unit * HALVES + H, WIDE)
-      elif part > 0:
-        acc, acc_right = collect(acc, acc_right, partials_ptr, flags_ptr, unit, tail, part, H, HALVES, WIDE)
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
+                                    LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_end - k_begin, S)
+      release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
-      step += k_end - k_begin
-    if (part == tile_parts - 1) & (half_store > 0):  # (A tile's other parts are in its last part's sums.)
+      step += k_steps
+    if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
       sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (without LHS_BLOCKS).
       acc = row_channel_scales(acc, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,
@@ -326,41 +204,34 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_p
 
 @gluon.jit
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
-                      partials_ptr, flags_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-                      BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr,
-                      OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr, MAX_PARTS: gl.constexpr):
+                      K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+                      LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
+                      HALVES: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
   the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
   2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
   out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
-  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers. The last partial
-  wave's tiles split along K (work_split) add their parts through partials ((MAX_PARTS - 1) P HALVES, BLOCK_N //
-  128, 64, 128) float32 (scratch) and flags ((MAX_PARTS - 1) P HALVES,) int32, zero at launch."""
+  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 0, HALVES, MAX_PARTS)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 1, HALVES, MAX_PARTS)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, MAX_PARTS)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 0, HALVES, MAX_PARTS)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 1, HALVES, MAX_PARTS)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, partials_ptr, flags_ptr, a_bufs, b_bufs,
-                     c_bufs, sa_bufs, s_bufs, ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS,
-                     OUT_LAYOUT, 2, HALVES, MAX_PARTS)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, MAX_PARTS)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])
