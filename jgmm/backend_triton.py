@@ -422,12 +422,28 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles, config.block_m),
+                           (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
       RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves)
+
+
+def _tile_scales(lhs_scale, schedule, row_tiles, block_m):
+  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (row_tiles * KB, W) float32, W = block_m rounded up to a
+  power of 2, whose row r * KB + kb holds K block kb's scales of row tile r's rows (zeros past M); a step's TMA copy
+  then starts at a 16-byte aligned address, which a tile starting at any row of lhs_scale (M, KB) would not give.
+  With row scales (M,), a (1, W) placeholder the kernel never reads."""
+  width = geometry.next_pow2(block_m)
+  if lhs_scale.ndim == 1:
+    return jnp.zeros((1, width), jnp.float32)
+  first = schedule[1 + row_tiles:1 + 2 * row_tiles]
+  rows = first[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+  tiles = jnp.take(lhs_scale, rows, axis=0, mode="fill", fill_value=0)  # (row_tiles, width, KB)
+  return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
 def _plain_fp8_config(config, given, call):

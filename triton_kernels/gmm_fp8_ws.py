@@ -34,7 +34,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_ws import HALF, allocate, consumer_tile, load_stage, release_stages, store_half, tile_of
+from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
+                                        store_half, tile_of)
 
 # cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
 _async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
@@ -64,21 +65,12 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 
 
 @gluon.jit
-def copy_lhs_scales(sa_buf, tile_scales, rows, kk, k_steps):
-  """The loader's asynchronous copies of K block kk's lhs block scales of a tile's `rows` rows into sa_buf (1, W)
-  (tile_scales: lhs_scale (M, k_steps) from the tile's first row; a column, 4 bytes a row; zeros past `rows`)."""
-  W: gl.constexpr = sa_buf.shape[1]
-  layout: gl.constexpr = gl.BlockedLayout([1, W // 32], [1, 32], [1, 1], [1, 0])
-  i = gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, layout)), 0)
-  _async_load(sa_buf, tile_scales + (i * k_steps + kk), mask=i < rows)
-
-
-@gluon.jit
-def _loader(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
+def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
             LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
   """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
   operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
+  sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
@@ -91,14 +83,12 @@ def _loader(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bu
       for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
-        if LHS_BLOCKS:
-          copy_lhs_scales(sa_bufs.index(slot), lhs_scale_ptr + row0.to(gl.int64) * k_steps, rows, kk, k_steps)
-        if RHS_BLOCKS:  # Its arrive also waits for the lhs scales' copies.
+        if RHS_BLOCKS:
           copy_rhs_scales(s_bufs.index(slot), ready.index(slot), sb_ptr, kk, k_steps, right)
-        elif LHS_BLOCKS:
-          async_copy.mbarrier_arrive(ready.index(slot))
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
-                   BLOCK_N, BLOCK, True, 0, HALVES)
+                   BLOCK_N, BLOCK, True, sa_bytes, HALVES)
+        if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
+          _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
         step += 1
 
 
@@ -213,7 +203,7 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 
 
 @gluon.jit
-def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
+def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
                       HALVES: gl.constexpr):
@@ -224,15 +214,14 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale
   64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
-  W: gl.constexpr = 128 if HALVES == 2 else 256  # The tile's rows rounded up to a power of 2.
-  sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, W], ROW_SCALE_LAYOUT)
+  sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
                    empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
@@ -243,6 +232,6 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
                      ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
                    empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])
