@@ -434,15 +434,16 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
 
 def _tile_scales(lhs_scale, schedule, row_tiles, block_m):
   """gmm_fp8_ws_kernel's lhs block scales, tile-major: (row_tiles * KB, W) float32, W = block_m rounded up to a
-  power of 2, whose row r * KB + kb holds K block kb's scales of row tile r's rows (zeros past M); a step's TMA copy
-  then starts at a 16-byte aligned address, which a tile starting at any row of lhs_scale (M, KB) would not give.
-  With row scales (M,), a (1, W) placeholder the kernel never reads."""
+  power of 2, whose row r * KB + kb holds K block kb's scales of row tile r's rows (row M - 1's past M: the kernel
+  reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a 16-byte aligned
+  address, which a tile starting at any row of lhs_scale (M, KB) would not give. With row scales (M,), a (1, W)
+  placeholder the kernel never reads."""
   width = geometry.next_pow2(block_m)
   if lhs_scale.ndim == 1:
     return jnp.zeros((1, width), jnp.float32)
   first = schedule[1 + row_tiles:1 + 2 * row_tiles]
   rows = first[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-  tiles = jnp.take(lhs_scale, rows, axis=0, mode="fill", fill_value=0)  # (row_tiles, width, KB)
+  tiles = jnp.take(lhs_scale, rows, axis=0, mode="clip")  # (row_tiles, width, KB); one fusion (mode="fill": two)
   return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
