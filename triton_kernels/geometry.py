@@ -78,9 +78,9 @@ def gmm_fp8_ws_ok(m, k, n, num_groups, out_itemsize, block_m, block_n, block_k, 
   """Whether gmm_fp8_ws_kernel (FP8 inputs, K-major rhs) runs this shape and tiling: tiles of 128 x block_n (128 or
   256) x 128 or of 192 x 128 x 128, TMA row strides of 16 bytes (lhs and rhs rows of K FP8 bytes, out rows of N
   elements), descriptor coordinates in int32, and its shared memory (S stages of a block_m-row lhs tile, a
-  block_n x 128 rhs tile and next_pow2(block_m) lhs float32 scales; a 64 x 128 output tile per 64 rows)
+  block_n x 128 rhs tile, 128 rhs and next_pow2(block_m) lhs float32 scales; a 64 x 128 output tile per 64 rows)
   within shared_memory bytes."""
-  scales = 4 * next_pow2(block_m)
+  scales = 4 * (128 + next_pow2(block_m))
   return ((block_m, block_n) in ((128, 128), (128, 256), (192, 128)) and block_k == 128 and _strides_ok((k,), 1)
           and _strides_ok((n,), out_itemsize) and max(m, num_groups * n) < _INT32_LIMIT
           and num_stages * ((block_m + block_n) * 128 + scales) + block_m * 128 * out_itemsize <= shared_memory)

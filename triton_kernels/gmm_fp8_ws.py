@@ -14,16 +14,14 @@ BLOCK_N = 128 or 256 (one or two rhs scale blocks), or of 192 rows (HALVES = 3: 
 by 128, which reads 17% fewer bytes per FLOP than 128 x 128 where the L2's bandwidth bounds the kernel
 (docs/perf-notes.md).
 
-The loader puts a step's lhs block scales into its stage beside the operands, by TMA (a (1, 128) or (1, 256) box
-of the tile-major scales, on the stage's `ready` barrier with the operands). The rhs block scale of a step (one
-float per 128 columns) each consumer thread loads itself from global memory two steps ahead, into a register (the
-loader's cp.async copies of it into the stage cost 8-9%: docs/perf-notes.md, session 31). A consumer's main loop:
-each step's wgmmas start from zero in a fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with
-~14 bits, gmm_fp8.py); while they run, it reads the step's lhs scales from shared memory (no global load waits on
-the critical path: each waited on the saturated L2, docs/perf-notes.md); after the wait, the float32 accumulator
-takes that product scaled by its block scales (one FMA per element), while the other consumers' wgmmas keep the
-tensor cores busy (ptxas serialises a wgmma whose accumulator registers are read before it completes:
-docs/perf-notes.md). A 256-wide tile does its two column
+The loader puts a step's block scales into its stage beside the operands: the tile's lhs scales by TMA (a (1, 128)
+or (1, 256) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
+cp.async (one or two floats, each copied 64 times). A consumer's main loop: each step's wgmmas start from zero in a
+fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
+it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
+docs/perf-notes.md); after the wait, the float32 accumulator takes that product scaled by its block scales (one
+FMA per element), while the other consumers' wgmmas keep the tensor cores busy (ptxas serialises a wgmma whose
+accumulator registers are read before it completes: docs/perf-notes.md). A 256-wide tile does its two column
 halves one after the other (two float32 accumulators and one product fit the registers), so a step reads the lhs
 tile once for 256 columns. Row and channel scales multiply the accumulator once, in the epilogue. A tile's rows
 past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their operands or scales hold.
@@ -33,36 +31,60 @@ to store); backend_triton builds one for the masked layout too (a tile per 64 HA
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
                                         store_half, tile_of)
+
+# cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
+_async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
 
 BLOCK = gl.constexpr(128)  # BLOCK_N and BLOCK_K: one 128-wide scale block each.
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
 # Registers per thread at launch, by HALVES (12 or 16 warps fill the register file); then two consumers take 240
 # (three 64 x 128 fp32 accumulators at 256 wide) or three take 160 (two), the loader 24.
 MAXNREG = {2: 168, 3: 128}
+# A stage's rhs block scales (float32): of the left and of the right 128 columns, 64 copies each (a consumer reads
+# a (64,) row vector of either).
+SCALES = gl.constexpr(128)
+SCALE_LAYOUT = gl.SwizzledSharedLayout(1, 1, 1, [0])
 # A stage's lhs block scales, a (1, 128) row of the tile-major scales, come by TMA into unswizzled shared memory.
 ROW_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @gluon.jit
-def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, a_bufs, b_bufs, sa_bufs, ready, empty, K: gl.constexpr,
-            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, LHS_BLOCKS: gl.constexpr,
-            HALVES: gl.constexpr):
-  """gmm_ws's loader, each stage with its lhs block scales where the recipe has them, by TMA with the operands
-  (counted by the same expect)."""
+def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
+  """The loader's asynchronous copies of K block kk's rhs block scales into s_buf (SCALES's layout): sb_ptr + kk,
+  and sb_ptr + k_steps + kk if right; ready_bar's phase completes only once they have landed (issued before the
+  stage's expect: cp.async.mbarrier.arrive adds its arrival to the phase the expect's TMA bytes close)."""
+  i = gl.arange(0, BLOCK, layout=gl.BlockedLayout([4], [32], [1], [0]))
+  upper = i >= HALF
+  _async_load(s_buf, sb_ptr + upper.to(gl.int32) * k_steps + kk, mask=(~upper) | right)
+  async_copy.mbarrier_arrive(ready_bar)
+
+
+@gluon.jit
+def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
+            K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
+  """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
+  operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+    sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
+    right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
         mbarrier.wait(empty.index(slot), ((step // S) & 1) ^ 1)
+        if RHS_BLOCKS:
+          copy_rhs_scales(s_bufs.index(slot), ready.index(slot), sb_ptr, kk, k_steps, right)
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
                    BLOCK_N, BLOCK, True, sa_bytes, HALVES)
         if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
@@ -71,67 +93,51 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, a_bufs, b_bufs, sa_bufs, 
 
 
 @gluon.jit
-def _add_product(acc, a, b, after, sa_buf, rhs_block_scale, H: gl.constexpr, LHS_BLOCKS: gl.constexpr,
+def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constexpr, LHS_BLOCKS: gl.constexpr,
                  RHS_BLOCKS: gl.constexpr):
-  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the step's block scales where the recipe has
-  them: consumer H's 64 lhs scales in sa_buf (read from shared memory while the wgmmas run) times rhs_block_scale (a
-  float32 scalar). The wgmma nominally reads `after` (use_acc=False ignores its value): given the accumulator
-  updated last, LLVM keeps that update before these wgmmas instead of sinking it past them (two products live at
-  once: spills)."""
+  """acc + a @ b, the wgmmas from zero (promotion), scaled per row by the stage's block scales where the recipe has
+  them (consumer H's 64 lhs scales in sa_buf times the rhs block scale of column half R in s_buf), read from shared
+  memory while the wgmmas run. The wgmma nominally reads `after` (use_acc=False ignores its value): given the
+  accumulator updated last, LLVM keeps that update before these wgmmas instead of sinking it past them (two
+  products live at once: spills)."""
   product = warpgroup_mma(a, b, after, use_acc=False, is_async=True)
+  ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
   if LHS_BLOCKS:
-    scale = sa_buf.reshape([sa_buf.shape[1]]).slice(H * HALF, HALF).load(gl.SliceLayout(1, acc.type.layout))
+    scale = sa_buf.reshape([sa_buf.shape[1]]).slice(H * HALF, HALF).load(ROWS)
     if RHS_BLOCKS:
-      scale = scale * rhs_block_scale
+      scale = scale * s_buf.slice(R * HALF, HALF).load(ROWS)
+  elif RHS_BLOCKS:
+    scale = s_buf.slice(R * HALF, HALF).load(ROWS)
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-  if LHS_BLOCKS:
+  if LHS_BLOCKS or RHS_BLOCKS:
     return acc + product * gl.expand_dims(scale, 1)
-  if RHS_BLOCKS:
-    return acc + product * rhs_block_scale
   return acc + product
 
 
 @gluon.jit
-def _rhs_block_scale(sb_ptr, kk, k_steps, load):
-  """The rhs block scale of K block min(kk, k_steps - 1) in the row of rhs_scale at sb_ptr, a float32 scalar each
-  thread loads (1 where `load` is false: no block scales, or a wide tile's right half past N)."""
-  return gl.load(sb_ptr + gl.minimum(kk, k_steps - 1), mask=load, other=1.0)
-
-
-@gluon.jit
-def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, sb_ptr, right, ready, empty, step, k_steps,
-                 S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr,
-                 H: gl.constexpr, HALVES: gl.constexpr):
+def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
+                 LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr,
+                 HALVES: gl.constexpr):
   """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
   (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] consumer H's); every stage
-  released. With RHS_BLOCKS, sb_ptr: the row of rhs_scale (G, NB, KB) of the tile's (left) 128 columns, whose
-  scales each thread loads two steps before their step (the loads' latency off the loop's critical path); the
-  right half's row follows it. WIDE: a 256-wide rhs tile, per K block its two 128-column halves one after the
-  other into acc and acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs
-  tile once for 256 columns; a right half past N (`right` false), TMA zeros or the next group's rows, is computed
-  and never stored); else acc_right is returned as given."""
-  load_right = right & (RHS_BLOCKS and WIDE)
-  left_next = _rhs_block_scale(sb_ptr, 0, k_steps, RHS_BLOCKS)
-  left_after = _rhs_block_scale(sb_ptr, 1, k_steps, RHS_BLOCKS)
-  right_next = _rhs_block_scale(sb_ptr + k_steps, 0, k_steps, load_right)
-  right_after = _rhs_block_scale(sb_ptr + k_steps, 1, k_steps, load_right)
+  released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves one after the other into acc and
+  acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once for 256
+  columns; a right half past N, TMA zeros or the next group's rows, is computed and never stored); else acc_right
+  is returned as given."""
   for kk in range(k_steps):
-    left, right_scale = left_next, right_next
-    left_next, right_next = left_after, right_after
-    left_after = _rhs_block_scale(sb_ptr, kk + 2, k_steps, RHS_BLOCKS)
-    right_after = _rhs_block_scale(sb_ptr + k_steps, kk + 2, k_steps, load_right)
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
     a = a_bufs.index(HALVES * slot + H)
     b = b_bufs.index(slot)
+    s_buf = s_bufs.index(slot)
     sa_buf = sa_bufs.index(slot)
     if WIDE:
-      acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, sa_buf, left, H, LHS_BLOCKS,
+      acc = _add_product(acc, a, b.slice(0, BLOCK).permute((1, 0)), acc_right, sa_buf, s_buf, H, 0, LHS_BLOCKS,
                          RHS_BLOCKS)
-      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, right_scale, H,
+      acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, s_buf, H, 1,
                                LHS_BLOCKS, RHS_BLOCKS)
     else:
-      acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, left, H, LHS_BLOCKS, RHS_BLOCKS)
+      acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
@@ -148,8 +154,8 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready, empty,
-              K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
               HALVES: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -158,7 +164,6 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   COLS: gl.constexpr = gl.SliceLayout(0, acc_layout)
   WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
@@ -173,9 +178,8 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps  # (RHS_BLOCKS)
-      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, sb_ptr, right, ready, empty, step,
-                                    k_steps, S, LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
+      acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
+                                    LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
     elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
@@ -206,27 +210,28 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
   the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
   2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
-  rhs_scale_ptr: the rhs block scales (G, NB, KB) with RHS_BLOCKS, else the channel scales (G, N); out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
+  out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
   64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
+  s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                     empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                     empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, a_bufs, b_bufs, sa_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, S, LHS_BLOCKS, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                     empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                     empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
-        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                     empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
-        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, a_bufs, b_bufs, sa_bufs, ready, empty, K, N, R_MAX,
-                   BLOCK_N, S, LHS_BLOCKS, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+        (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
+        (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
     ], [4, 4, 1], [160, 160, 24])

@@ -12,7 +12,7 @@ block each, promotion of each block's product into the float32 accumulator with 
 problems: program i takes tiles i, i + programs, ...; a tile's problem is found by walking the table's tiles_end
 from the previous tile's slot (a program's tiles only move forward). With no operand in one buffer, the
 descriptors are made on the device: the loader makes lhs[p]'s and rhs[p]'s (and lhs_scale[p]'s: a step's 128 row
-scales come by TMA into the stage; each consumer thread loads the rhs block scales itself, as in gmm_fp8_ws.py) for each tile, the
+scales come by TMA, the rhs block scale by cp.async, into the stage as in gmm_fp8_ws.py) for each tile, the
 consumers out[p]'s for each store. TMA reads zeros past a problem's rows, columns and K (the partial last scale
 block), and its stores clip at out[p]'s edges, so no tile reads or writes another problem's memory. A descriptor's
 bytes are rewritten in place each tile: before it changes to another problem, the loader waits until the copies
@@ -22,7 +22,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, ROW_SCALE_LAYOUT, row_channel_scales, scaled_steps
+from jgmm.triton_kernels.gmm_fp8_ws import (BLOCK, ROW_SCALE_LAYOUT, SCALE_LAYOUT, SCALES, copy_rhs_scales,
+                                            row_channel_scales, scaled_steps)
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate_boxes, release_stages
 
 
@@ -50,8 +51,9 @@ def _tile(problems_ptr, tile, slot, P_POW2: gl.constexpr):
 
 
 @gluon.jit
-def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, ready, empty, P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
+def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
+            empty, P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, LHS_LAYOUT: gl.constexpr, RHS_LAYOUT: gl.constexpr):
   half_bytes: gl.constexpr = HALF * BLOCK
   tile_bytes: gl.constexpr = BLOCK * BLOCK + (4 * BLOCK if LHS_BLOCKS else 0)  # The rhs tile, the lhs scales.
   step = 0
@@ -71,9 +73,12 @@ def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa
       m4 = (m + 3) // 4 * 4
       sa_desc = tma.make_tensor_descriptor(_select(lhs_scale_ptrs, p, P), [k_steps, m4], [m4, 1], [1, BLOCK],
                                            ROW_SCALE_LAYOUT)
+    sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps
     for kk in range(k_steps):
       s = step % S
       mbarrier.wait(empty.index(s), ((step // S) & 1) ^ 1)
+      if RHS_BLOCKS:
+        copy_rhs_scales(s_bufs.index(s), ready.index(s), sb_ptr, kk, k_steps, False)
       mbarrier.expect(ready.index(s), 2 * half_bytes + tile_bytes, pred=both)
       mbarrier.expect(ready.index(s), half_bytes + tile_bytes, pred=m - row0 <= HALF)
       _tma_load(lhs_desc, [row0, kk * BLOCK], ready.index(s), a_bufs.index(2 * s))
@@ -85,8 +90,8 @@ def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa
 
 
 @gluon.jit
-def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, ready, empty,
-              P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
+def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
+              empty, P: gl.constexpr, P_POW2: gl.constexpr, NUM_TILES: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
@@ -104,9 +109,8 @@ def _consumer(lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_
     cols = col0 + gl.arange(0, BLOCK, layout=COLS)
     if half_rows > 0:
       acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-      sb_ptr = _select(rhs_scale_ptrs, p, P) + (col0 // BLOCK).to(gl.int64) * k_steps  # (RHS_BLOCKS)
-      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, sb_ptr, False, ready, empty, step, k_steps, S,
-                            LHS_BLOCKS, RHS_BLOCKS, False, H, 2)
+      acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S, LHS_BLOCKS,
+                            RHS_BLOCKS, False, H, 2)
       sa_ptrs = _select(lhs_scale_ptrs, p, P) + row.to(gl.int64) + gl.arange(0, HALF, layout=ROWS)
       acc = row_channel_scales(acc, sa_ptrs, _select(rhs_scale_ptrs, p, P) + cols, row_mask, cols < n, LHS_BLOCKS,
                                RHS_BLOCKS)
@@ -132,12 +136,13 @@ def grouped_matmul_fp8_ws_kernel(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_p
   a_bufs, b_bufs, c_bufs, ready, empty = allocate_boxes(
       lhs_ptrs[0].dtype.element_ty, [HALF, BLOCK], LHS_LAYOUT, rhs_ptrs[0].dtype.element_ty, [BLOCK, BLOCK],
       RHS_LAYOUT, out_ptrs[0].dtype.element_ty, BLOCK, S, OUT_LAYOUT)
+  s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], ROW_SCALE_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
-      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, ready,
-                   empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
-      (_loader, (lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, ready, empty, P, P_POW2,
-                 NUM_TILES, S, LHS_BLOCKS, LHS_LAYOUT, RHS_LAYOUT)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0)),
+      (_consumer, (lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, out_ptrs, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
+                   ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1)),
+      (_loader, (lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_bufs, b_bufs, sa_bufs, s_bufs,
+                 ready, empty, P, P_POW2, NUM_TILES, S, LHS_BLOCKS, RHS_BLOCKS, LHS_LAYOUT, RHS_LAYOUT)),
   ], [4, 1], [232, 40])
