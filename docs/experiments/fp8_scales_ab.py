@@ -1,7 +1,8 @@
 """What the block scales cost gmm_fp8_ws (issue 15, session 31): the tree against copies of
 triton_kernels/gmm_fp8_ws.py made here by deleting work (diagnostics: their results are wrong by design), on
 `python -m jgmm.bench --fp8`'s cases with DeepSeek-V3 blocks (and the tree on rowwise scales beside them), timed
-interleaved as the benchmark times jgmm (timing.chain); TFLOP/s on the valid rows.
+interleaved as the benchmark times jgmm (timing.chain); TFLOP/s on the valid rows; a FILE.py variant's blocks
+output compared with the tree's bit for bit.
   norhs: no rhs block scale (the loader's cp.async copies and the consumers' reads of them removed);
   nolhs: no lhs block scales (their TMA copy and reads removed);
   none: neither (the per-step promotion adds the product unscaled).
@@ -18,6 +19,7 @@ from unittest import mock
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jgmm import backend_triton, bench_fp8, config_table, quantize, timing
 from jgmm.triton_kernels import gmm_fp8_ws
@@ -64,19 +66,21 @@ if __name__ == "__main__":
     for name, layout, g, rows, n, k in bench_fp8.cases(sys.argv[1] if len(sys.argv) > 1 else ""):
       x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
       runs = bench_fp8._runs(valid, n, k)
-      fns = {}
+      fns, outs = {}, {}
       for recipe in bench_fp8.RECIPES.values():
         x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
         args = (*quantize.quantize(x, x_recipe), *quantize.quantize(w, w_recipe), jnp.asarray(groups))
         for label, module in modules.items() if recipe == "1x128-128x128" else [("rowwise tree", gmm_fp8_ws)]:
           with mock.patch.object(backend_triton, "gmm_fp8_ws", module):  # Read when the function is traced.
             fn = functools.partial(bench_fp8._chained(bench_fp8._product(layout, rows), runs), *args)
-            jax.block_until_ready(fn())
+            outs[label] = np.asarray(fn(), np.float32)
           fns[label] = (fn, timing.jax_sync)
+      same = {label: bool(np.array_equal(out, outs["tree"])) for label, out in outs.items() if label.endswith(".py")}
       ms = timing.time_interleaved(fns, min_batch_s=0.05, batches=7)
       tflops = {v: 2 * valid * n * k * runs / t / 1e9 for v, t in ms.items()}
       table.append((name, tflops))
-      print(f"{name}: " + ", ".join(f"{v} {t:.0f}" for v, t in tflops.items()), flush=True)
+      print(f"{name}: " + ", ".join(f"{v} {t:.0f}" for v, t in tflops.items()) + f"; same bits as the tree: {same}",
+            flush=True)
     print(f"\n{jax.devices()[0].device_kind}: TFLOP/s on the valid rows (blocks unless named)")
     labels = list(table[0][1])
     print("| case | " + " | ".join(labels) + " |")
