@@ -535,9 +535,9 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       DOT_PRECISION=_dot_precision(None))
 
 
-def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device):
+def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group):
   """out (G, K, N) of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M), bounds (G + 1,), lhs_scale (MB, K), rhs_scale
-  (MB, N)."""
+  (MB, N), or (G, N) where rhs_scale_per_group."""
   k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
   layout = gmm_ws.shared_layout
@@ -547,16 +547,18 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, devi
       ffi.TensorDescriptor(rhs, (config.block_n, block), layout=layout((config.block_n, block), rhs.dtype.name)),
       ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
-      bounds,
+      bounds, rhs_scale,
       kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
       name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
-      OUT_LAYOUT=layout((half, block), out_dtype.name))
+      OUT_LAYOUT=layout((half, block), out_dtype.name), RHS_GROUPS=rhs_scale_per_group)
 
 
-def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
+             rhs_scale_per_group=False):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g], scales per 128 rows
-  of M (backend_xla.tgmm_fp8); empty groups are exact zeros."""
+  of M, rhs's per group and column where rhs_scale_per_group (backend_xla.tgmm_fp8); empty groups are exact
+  zeros."""
   n, m = rhs.shape if transpose_rhs else rhs.shape[::-1]
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups = bounds.shape[0] - 1
@@ -568,49 +570,85 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
                        config_table.TGMM_FP8_RECIPE, config, device, transpose=transpose_lhs)
   if config is None:
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
-                                transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None)
+                                transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None,
+                                rhs_scale_per_group=rhs_scale_per_group)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
-  # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N): a step's as one contiguous row each.
+  # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N) (a step's as one contiguous row each),
+  # or rhs's per group as (G, N).
   lhs_scale = lhs_scale if transpose_lhs else lhs_scale.T
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
   if not transpose_lhs and transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype,
                                                         fits=geometry.tgmm_fp8_ws_ok):
-    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device)
+    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None))
+      TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None), RHS_GROUPS=rhs_scale_per_group)
 
 
-def quantize_pair_grouped(x, blocks, *, dtype):
+def quantize_pair_grouped(x, blocks, *, dtype, num_groups=None):
   """backend_xla.quantize_pair_grouped in one pass over x (quantize_pair_grouped_lanes_kernel on CUDA,
   quantize_pair_grouped_kernel elsewhere), where the FP8 format has a Triton kernel on this device (an FP8 value
   may differ by one step: quantize_pair says why); an empty x through backend_xla. Rows of x in no block are left
-  unwritten in q and scale (fp8_gmm's blocks hold every row)."""
+  unwritten in q and scale (fp8_gmm's blocks hold every row). With num_groups, qt's scales per group and column
+  take a first pass over x (_group_scales)."""
   dtype = jnp.dtype(dtype)
   device = _device()
   check_fp8_format(dtype, device)
   if x.size == 0:
-    return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype)
-  if device.cuda:
-    return _quantize_pair_lanes(x, blocks, blocks.shape[1] * quantize_kernels.BLOCK.value, dtype,
-                                "jgmm_quantize_pair_grouped_lanes")
-  return quantize_pair_grouped_plain(x, blocks, dtype, quantize.FP8_MAX[dtype])
+    return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype, num_groups=num_groups)
+  if not device.cuda:
+    return quantize_pair_grouped_plain(x, blocks, dtype, quantize.FP8_MAX[dtype], num_groups)
+  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, quantize.FP8_MAX[dtype])
+  out = _quantize_pair_lanes(x, blocks, blocks.shape[1] * quantize_kernels.BLOCK.value, dtype,
+                             "jgmm_quantize_pair_grouped_lanes", given_scale_t)
+  return out if num_groups is None else (*out[:3], group_scale_t)
 
 
-def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax):
+def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax, num_groups=None):
   """(q, scale, qt, scale_t) of x (R, C) by quantize_pair_grouped_kernel (the interpreter's and ROCm's), q and qt
-  in q_dtype, clipped to +-fmax (the tests read float32 under the interpreter, whose FP8 casts are not trusted)."""
+  in q_dtype, clipped to +-fmax (the tests read float32 under the interpreter, whose FP8 casts are not trusted);
+  with num_groups, qt's scales per group and column (_group_scales), scale_t (C, num_groups)."""
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
-  return tuple(ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_kernel,
-      out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, q_dtype),
-      grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
-      name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=fmax))
+  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, fmax)
+  out = _pair_call(x, blocks, given_scale_t, kernel=quantize_kernels.quantize_pair_grouped_kernel,
+                   out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, q_dtype),
+                   grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
+                   name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=fmax)
+  return out if num_groups is None else (*out[:3], group_scale_t)
+
+
+def _group_scales(x, blocks, num_groups, fmax):
+  """(per block (C, PB), per group (C, num_groups)) float32: the scales of x's columns over each group's rows
+  (backend_xla.group_column_scales of block_column_amax_kernel's maxima; blocks' third row, each block's group);
+  (None, None) without num_groups."""
+  if num_groups is None:
+    return None, None
+  r, c = x.shape
+  padded_blocks = blocks.shape[1]
+  amax = ffi.triton_call(
+      x, blocks, kernel=quantize_kernels.block_column_amax_kernel,
+      out_shape=jax.ShapeDtypeStruct((padded_blocks, c), jnp.float32),
+      grid=(padded_blocks, geometry.cdiv(c, quantize_kernels.BLOCK.value)), num_warps=quantize_kernels.NUM_WARPS,
+      name="jgmm_block_column_amax", R=r, C=c, PB=padded_blocks)
+  scales = backend_xla.group_column_scales(amax, blocks[2], num_groups, fmax)
+  return scales[blocks[2]].T, scales[:num_groups].T
+
+
+def _pair_call(x, blocks, given_scale_t, *, out_shape, **call):
+  """(q, scale, qt, scale_t) of a pair kernel (x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, ...): out_shape
+  _rowwise_pair_shapes'; st an output, or given_scale_t read through it (GIVEN_SCALE_T)."""
+  q, scale, qt, scale_t = out_shape
+  if given_scale_t is None:
+    scale_t, q, scale, qt = ffi.triton_call(x, blocks, out_shape=[scale_t, q, scale, qt], **call)
+  else:
+    scale_t, q, scale, qt = ffi.triton_call(x, blocks, given_scale_t, out_shape=[scale_t, q, scale, qt],
+                                            input_output_aliases={2: 0}, GIVEN_SCALE_T=True, **call)
+  return q, scale, qt, scale_t
 
 
 def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
@@ -622,18 +660,17 @@ def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
           jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
 
 
-def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name):
+def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, given_scale_t=None):
   """(q (R, C), scale (R, CB), qt (C, qt_rows), scale_t (C, PB)) of x (R, C) by quantize_pair_grouped_lanes_kernel
-  (CUDA), x's rows in the blocks (2, PB) int32."""
+  (CUDA), x's rows in the blocks (2 or 3, PB) int32; given_scale_t as quantize_pair_grouped_plain's."""
   r, c = x.shape
   cb, padded_blocks = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
   tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
-  return tuple(ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
-      out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype), grid=(cb * padded_blocks,),
-      num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
-      name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
-      TILE=tile, TILE_T=tile_t))
+  return _pair_call(x, blocks, given_scale_t, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
+                    out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype), grid=(cb * padded_blocks,),
+                    num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
+                    name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
+                    TILE=tile, TILE_T=tile_t)
 
 
 def quantize_pair(x, *, recipe, dtype):

@@ -10,6 +10,7 @@ Zero carries start from `lax.full_like(lhs, ...)` so that inside shard_map they 
 `bounds` (G + 1,) int32, sanitised by the caller: rows of local group g are [bounds[g], bounds[g + 1]), with
 0 <= bounds[0] <= ... <= bounds[G] <= M.
 """
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -185,12 +186,20 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
                     out_dtype=out_dtype, expected_m=expected_m, config=config)
 
 
-def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
+def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
+             rhs_scale_per_group=False):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g]: scales per 128 rows
   of M (lhs_scale (cdiv(M, 128), K) with lhs (M, K), (K, cdiv(M, 128)) with lhs (K, M); rhs_scale
-  (cdiv(M, 128), N) with rhs (M, N), (N, cdiv(M, 128)) with rhs (N, M))."""
+  (cdiv(M, 128), N) with rhs (M, N), (N, cdiv(M, 128)) with rhs (N, M)), or rhs's per group and column where
+  rhs_scale_per_group (rhs_scale (G, N) with rhs (M, N), (N, G) with rhs (N, M))."""
   lhs = quantize.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128")
-  rhs = quantize.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")
+  if rhs_scale_per_group:  # Each row of M takes its group's scales (rows of no group are not summed).
+    m = rhs.shape[1] if transpose_rhs else rhs.shape[0]
+    group = jnp.clip(jnp.searchsorted(bounds, jnp.arange(m, dtype=bounds.dtype), side="right") - 1, 0,
+                     bounds.shape[0] - 2)
+    rhs = rhs.astype(jnp.float32) * (rhs_scale[:, group] if transpose_rhs else rhs_scale[group])
+  else:
+    rhs = quantize.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")
   rhs = rhs.T if transpose_rhs else rhs
   return tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
               config=config)
@@ -206,16 +215,34 @@ def quantize_pair(x, *, recipe, dtype):
   return (q, scale, *quantize.quantize(jnp.swapaxes(x, -1, -2), recipe, dtype))
 
 
-def quantize_pair_grouped(x, blocks, *, dtype):
+def quantize_pair_grouped(x, blocks, *, dtype, num_groups=None):
   """(q, scale, qt, scale_t): x (R, C) quantised 1x128 (jgmm.quantize), and its rows regrouped into PB blocks of
-  128 and transposed: qt (C, 128 PB) holds block b's rows (blocks (2, PB) int32: rows [first[b], min(first[b] + 128,
-  end[b])) within [0, R), none where first[b] >= end[b]) in columns [128 b, 128 b + 128), zeros past them,
-  quantised 1x128."""
-  first, end = blocks
+  128 and transposed: qt (C, 128 PB) holds block b's rows (blocks (2 or 3, PB) int32: rows [first[b], min(first[b]
+  + 128, end[b])) within [0, R), none where first[b] >= end[b]) in columns [128 b, 128 b + 128), zeros past them,
+  quantised 1x128 (scale_t (C, PB)); or, given num_groups, with one scale per group and column (scale_t (C, G):
+  group_column_scales over blocks' third row, each block's group; fp8_gmm's wgrad_scale="group")."""
+  first, end = blocks[0], blocks[1]
   rows = first[:, None] + jnp.arange(128)
   valid = ((rows >= 0) & (rows < jnp.minimum(end, x.shape[0])[:, None])).reshape(-1)  # Rows outside x: zeros.
   if x.shape[0]:
     regrouped = jnp.where(valid[:, None], x[jnp.clip(rows.reshape(-1), 0, x.shape[0] - 1)], 0)
   else:  # No row to gather.
     regrouped = jnp.zeros((valid.shape[0], x.shape[1]), x.dtype)
-  return (*quantize.quantize(x, "1x128", dtype), *quantize.quantize(regrouped.T, "1x128", dtype))
+  q_and_scale = quantize.quantize(x, "1x128", dtype)
+  if num_groups is None:
+    return (*q_and_scale, *quantize.quantize(regrouped.T, "1x128", dtype))
+  fmax = quantize.FP8_MAX[jnp.dtype(dtype)]
+  split = jnp.abs(regrouped.astype(jnp.float32)).reshape(-1, 128, x.shape[1])
+  scales = group_column_scales(jnp.max(split, axis=1, initial=0.0), blocks[2], num_groups, fmax)
+  per_row = jnp.repeat(scales[blocks[2]], 128, axis=0)  # (128 PB, C): each row's group's scales.
+  qt = jnp.clip(regrouped.astype(jnp.float32) / per_row, -fmax, fmax).astype(dtype).T
+  return (*q_and_scale, qt, scales[:num_groups].T)
+
+
+def group_column_scales(amax, block_groups, num_groups, fmax):
+  """(num_groups + 1, C) float32 scales, one per group and column: amax / fmax (1 where 0, as jgmm.quantize) of the
+  largest of amax (PB, C) (per block and column) over the blocks of each group (block_groups (PB,) int32 in [0,
+  num_groups]: num_groups for blocks of rows after the groups, or of none); NaN where any of them is NaN."""
+  group_amax = jax.ops.segment_max(amax, block_groups, num_segments=num_groups + 1, indices_are_sorted=True)
+  group_amax = jnp.maximum(group_amax, 0.0)  # An empty segment's -inf; NaN stays.
+  return jnp.where(group_amax == 0, 1.0, group_amax / fmax)

@@ -54,8 +54,9 @@ def _masked_gmm_shapes(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_
   return [jax.core.ShapedArray((*x.shape[:2], w.shape[1]), out_dtype)]
 
 
-def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config):
-  del lhs_scale, rhs_scale, config
+def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
+                 rhs_scale_per_group=False):
+  del lhs_scale, rhs_scale, config, rhs_scale_per_group
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   n = rhs.shape[0] if transpose_rhs else rhs.shape[1]
   return [jax.core.ShapedArray((bounds.shape[0] - 1, k, n), out_dtype)]
@@ -69,11 +70,12 @@ def _quantize_pair_shapes(x, *, recipe, dtype):
           jax.core.ShapedArray((*batch, c, r), dtype), jax.core.ShapedArray(scales[1], jnp.float32)]
 
 
-def _quantize_pair_grouped_shapes(x, blocks, *, dtype):
+def _quantize_pair_grouped_shapes(x, blocks, *, dtype, num_groups=None):
   r, c = x.shape
   padded_blocks = blocks.shape[1]
   return [jax.core.ShapedArray(x.shape, dtype), jax.core.ShapedArray((r, -(-c // 128)), jnp.float32),
-          jax.core.ShapedArray((c, 128 * padded_blocks), dtype), jax.core.ShapedArray((c, padded_blocks), jnp.float32)]
+          jax.core.ShapedArray((c, 128 * padded_blocks), dtype),
+          jax.core.ShapedArray((c, padded_blocks if num_groups is None else num_groups), jnp.float32)]
 
 
 _gmm_p = primitives._define("gmm_fp8", _gmm_shapes)
@@ -108,16 +110,21 @@ def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None,
 
 def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, transpose_rhs=False,
          preferred_element_type=None, group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False,
-         precision=None, config=None, backend=None):
+         precision=None, config=None, backend=None, rhs_scale_per_group: bool = False):
   """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N) / (N, M), scales along M: see the module docstring
-  (lhs (K, M) and rhs (N, M) are the fast layouts on Hopper). existing_out, bias_grad and precision are not
-  supported with FP8 (a clear error)."""
+  (lhs (K, M) and rhs (N, M) are the fast layouts on Hopper). rhs_scale_per_group: rhs_scale holds one scale per
+  group of group_sizes and column instead, (G, N) for rhs (M, N) or (N, G) for rhs (N, M) (fp8_gmm's
+  wgrad_scale="group"; the kernels apply it once per output tile, not per 128 rows). existing_out, bias_grad and
+  precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
-      group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend)
+      group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend, rhs_scale_per_group)
   bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
+  if rhs_scale_per_group:  # The computed groups' scales, in bounds' order.
+    first = 0 if group_offset is None else jnp.asarray(group_offset, jnp.int32)
+    rhs_scale = lax.dynamic_slice_in_dim(rhs_scale, first, num_groups, axis=1 if transpose_rhs else 0)
   (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
-                   out_dtype=out_dtype, config=config, backend=backend)
+                   out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group, backend=backend)
   return out
 
 
@@ -132,6 +139,7 @@ class _RecipeStatic(NamedTuple):
   fp8_dtype: jnp.dtype
   config: object
   backend: str | None
+  wgrad_scale: str
 
 
 def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend: str | None = None):
@@ -212,10 +220,10 @@ _MAX_PADDING = 0.25
 
 def _padded_groups(group_sizes, m):
   """(blocks, padded sizes) for the weight gradient's operands, or None where padding them costs too much: the G
-  groups (clipped to m) and then the rows after them, each padded to a multiple of 128 rows, as blocks (2, cdiv(m,
-  128) + G) int32 of 128 rows (the first row and the end of its group: backend_*.quantize_pair_grouped's argument;
-  each group but the last adds at most one partial block); padded sizes (G,) int32, the groups' rows so padded (the
-  tgmm's group_sizes)."""
+  groups (clipped to m) and then the rows after them, each padded to a multiple of 128 rows, as blocks (3, cdiv(m,
+  128) + G) int32 of 128 rows (the first row, the end of its group, and its group, G for the rows after the groups
+  or none: backend_*.quantize_pair_grouped's argument; each group but the last adds at most one partial block);
+  padded sizes (G,) int32, the groups' rows so padded (the tgmm's group_sizes)."""
   num_groups = group_sizes.shape[0]
   padded_blocks = -(-m // 128) + num_groups
   if 128 * num_groups > _MAX_PADDING * m or 128 * padded_blocks >= 2**31:  # (int32 row indices)
@@ -226,16 +234,24 @@ def _padded_groups(group_sizes, m):
   column = 128 * jnp.arange(padded_blocks, dtype=jnp.int32)  # Each block's first padded row.
   run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, num_groups)
   used = column < padded[-1]  # Blocks past the padded rows hold none: (0, 0).
-  blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0)])
+  blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0),
+                      jnp.where(used, run, num_groups)])
   return blocks, padded_sizes[:num_groups]
 
 
-def _quantize_rows(x, padding, s):
+def _quantize_rows(x, padding, s, per_group=False):
   """quantize_pair(x, "1x128") for the recipe: (q, scale, qt, scale_t), qt's groups padded where `padding`
-  (_padded_groups') is not None."""
+  (_padded_groups') is not None; per_group (with padding): qt's scales one per group and column, scale_t (C, G)."""
   if padding is None:
     return quantize_pair(x, "1x128", s.fp8_dtype, backend=s.backend)
-  return tuple(_quantize_pair_grouped_p(x, padding[0], dtype=s.fp8_dtype, backend=s.backend))
+  return tuple(_quantize_pair_grouped_p(x, padding[0], dtype=s.fp8_dtype,
+                                        num_groups=padding[1].shape[0] if per_group else None, backend=s.backend))
+
+
+def _group_scaled(s, padding, operand):
+  """Whether the weight gradient's `operand` ("lhs" or "dout") is quantised per group and column: wgrad_scale
+  "group" gives that to the tgmm's rhs (lhs^T where transpose_rhs, else dout^T), where the groups are padded."""
+  return s.wgrad_scale == "group" and padding is not None and (operand == "lhs") == s.transpose_rhs
 
 
 def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
@@ -263,7 +279,7 @@ def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, weights, s):
   (quantize_pair, or _quantize_rows for lhs); the backward's layouts are the residuals (FP8 lhs^T (K, M), or
   (K, M') with its groups padded, instead of lhs)."""
   padding = _padded_groups(group_sizes, lhs.shape[0])
-  lhs_q, lhs_scale, lhs_t, lhs_t_scale = _quantize_rows(lhs, padding, s)
+  lhs_q, lhs_scale, lhs_t, lhs_t_scale = _quantize_rows(lhs, padding, s, _group_scaled(s, padding, "lhs"))
   if weights is None:
     weights = _weight_layouts(rhs, s.transpose_rhs, s.fp8_dtype, s.backend)
   nk, kn = weights[:2], weights[2:]
@@ -274,7 +290,7 @@ def _fp8_gmm_fwd(lhs, rhs, group_sizes, group_offset, weights, s):
 def _fp8_gmm_bwd(s, residuals, dout):
   lhs_t, lhs_t_scale, rhs_kn, rhs_kn_scale, group_sizes, group_offset, padding = residuals
   # dout 1x128 along N for dlhs = dout @ rhs[g]^T, and dout^T (N, M) per 128 rows of M for drhs, in one pass.
-  dout_q, dout_scale, dout_t, dout_t_scale = _quantize_rows(dout, padding, s)
+  dout_q, dout_scale, dout_t, dout_t_scale = _quantize_rows(dout, padding, s, _group_scaled(s, padding, "dout"))
   dlhs = _gmm_t(dout_q, dout_scale, rhs_kn, rhs_kn_scale, group_sizes, group_offset, s.lhs_dtype, s)
   # drhs = lhs[rows]^T @ dout[rows] per group, contracting M: lhs^T (K, M) and dout^T (N, M), M-contiguous, the
   # K-major layout FP8 tgmm reads at speed (each group's rows from a multiple of 128 on where padded).
@@ -282,7 +298,8 @@ def _fp8_gmm_bwd(s, residuals, dout):
                             (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
   drhs = tgmm(a, b, group_sizes if padding is None else padding[1], lhs_scale=a_scale, rhs_scale=b_scale,
               transpose_rhs=True, preferred_element_type=s.lhs_dtype, group_offset=group_offset,
-              num_actual_groups=rhs_kn.shape[0], backend=s.backend)
+              num_actual_groups=rhs_kn.shape[0], backend=s.backend,
+              rhs_scale_per_group=_group_scaled(s, padding, "lhs" if s.transpose_rhs else "dout"))
   return dlhs, drhs, None, None, None  # No cotangent for the FP8 weights: rhs's is drhs.
 
 
@@ -291,7 +308,8 @@ _fp8_gmm.defvjp(_fp8_gmm_fwd, _fp8_gmm_bwd)
 
 def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
             preferred_element_type=None, group_offset=None, fp8_dtype=jnp.float8_e4m3fn,
-            rhs_fp8: Fp8Weights | None = None, config=None, backend: str | None = None) -> jax.Array:
+            rhs_fp8: Fp8Weights | None = None, wgrad_scale: str = "128x1", config=None,
+            backend: str | None = None) -> jax.Array:
   """gmm computed in FP8 for training (DeepSeek-V3's recipe), differentiable: out[rows of g] = lhs[rows] @ rhs[g].
 
   Forward: lhs quantised per 1x128 block, rhs per 128x128 block, one FP8 gmm reading rhs as (G, N, K). Under
@@ -317,6 +335,12 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
       be made from this rhs: a stale one gives the products of the weights it was made from. Under differentiation
       the results are those without it bit for bit (both quantise rhs by quantize_pair); the forward alone may
       differ by one FP8 step per element (quantize_pair against jgmm.quantize, see quantize_pair).
+    wgrad_scale: "128x1" (DeepSeek-V3's) or "group": the weight gradient's second operand (dout^T, or lhs^T where
+      transpose_rhs) takes one scale per group and column instead of one per 128 rows and column, where the groups
+      are padded (M >= 512 G; elsewhere "128x1"). Its FP8 tgmm then multiplies each step's product by the row
+      scales alone and the column scales once per tile: 1.48x faster on an H100 at the dsv3 shapes, for a first
+      pass over that operand (its group maxima) and a coarser scale (dW ~6-15% more error than 128x1 against
+      float64 on outlier tokens, within the FP8 product's own ~3%: docs/perf-notes.md, sessions 29 and 31).
     config, backend: as for gmm (config applies to the forward product).
 
   Returns:
@@ -327,10 +351,12 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
       lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
       backend)
   fp8_dtype = validation.check_fp8_dtype("fp8_dtype", fp8_dtype)
+  if wgrad_scale not in ("128x1", "group"):
+    raise ValueError(f'wgrad_scale must be "128x1" or "group", got {wgrad_scale!r}')
   weights = None
   if rhs_fp8 is not None:
     validation.check_fp8_weights(rhs_fp8, Fp8Weights, rhs.shape[0], k, n, transpose_rhs, fp8_dtype)
     weights = (rhs_fp8.nk, rhs_fp8.nk_scale, rhs_fp8.kn, rhs_fp8.kn_scale)
-  s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend)
+  s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend, wgrad_scale)
   offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
   return _fp8_gmm(lhs, rhs, group_sizes, offset, weights, s)

@@ -100,7 +100,8 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
          existing_out: jax.Array | None = None, bias_grad: bool = False,
          precision: lax.PrecisionLike = None, config: Config | dict | None = None,
          backend: str | None = None, lhs_scale: jax.Array | None = None,
-         rhs_scale: jax.Array | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
+         rhs_scale: jax.Array | None = None,
+         rhs_scale_per_group: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Transposed grouped matmul (the weight gradient): out[g] = lhs[:, rows of g] @ rhs[rows of g].
 
   Args:
@@ -121,6 +122,9 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
       lhs_scale (cdiv(M, 128), K) for lhs (M, K) or (K, cdiv(M, 128)) for lhs (K, M); rhs_scale
       (cdiv(M, 128), N) for rhs (M, N) or (N, cdiv(M, 128)) for rhs (N, M). FP8 output defaults to bfloat16;
       no existing_out, bias_grad or precision with FP8.
+    rhs_scale_per_group: FP8 only: rhs_scale holds one scale per group of group_sizes and column instead, (G_total,
+      N) for rhs (M, N) or (N, G_total) for rhs (N, M) (fp8_gmm's wgrad_scale="group": the kernels apply it once
+      per output tile, not on every 128 rows).
 
   Returns:
     (G, K, N); empty groups are exact zeros. With bias_grad, (out, dbias (G, N) float32). Rows outside the groups
@@ -137,10 +141,11 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_lh
     return fp8.tgmm(lhs, rhs, group_sizes, lhs_scale=lhs_scale, rhs_scale=rhs_scale, transpose_lhs=transpose_lhs,
                     transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type,
                     group_offset=group_offset, num_actual_groups=num_actual_groups, existing_out=existing_out,
-                    bias_grad=bias_grad, precision=precision, config=config, backend=backend)
+                    bias_grad=bias_grad, precision=precision, config=config, backend=backend,
+                    rhs_scale_per_group=rhs_scale_per_group)
   m, _, _, num_groups, out_dtype, precision, config, backend = validation.check_tgmm(
       lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_element_type, group_offset, num_actual_groups,
-      existing_out, bias_grad, precision, config, backend)
+      existing_out, bias_grad, precision, config, backend, rhs_scale_per_group=rhs_scale_per_group)
   bounds = group_bounds(group_sizes, group_offset, num_groups, m)
   outs = primitives.tgmm(lhs, rhs.T if transpose_rhs else rhs, bounds, existing_out, transpose_lhs=transpose_lhs,
                          out_dtype=out_dtype, bias_grad=bias_grad, precision=precision, config=config, backend=backend)

@@ -179,9 +179,13 @@ def check_gmm(lhs, rhs, group_sizes, bias, transpose_rhs, preferred_element_type
 
 
 def check_tgmm(lhs, rhs, group_sizes, transpose_lhs, transpose_rhs, preferred_element_type, group_offset,
-               num_actual_groups, existing_out, bias_grad, precision, config, backend, fp8=False):
+               num_actual_groups, existing_out, bias_grad, precision, config, backend, fp8=False,
+               rhs_scale_per_group=False):
   """Validates tgmm's arguments (FP8 lhs and rhs if fp8); returns (m, k, n, num_groups, out_dtype, precision,
   config, backend)."""
+  if _flag("rhs_scale_per_group", rhs_scale_per_group) and not fp8:
+    raise ValueError("rhs_scale_per_group=True applies to FP8 lhs and rhs with lhs_scale and rhs_scale; got no "
+                     "scales")
   lhs_layout = "(M, K)" if _flag("transpose_lhs", transpose_lhs) else "(K, M)"
   rhs_layout = "(N, M)" if _flag("transpose_rhs", transpose_rhs) else "(M, N)"
   _float_array("lhs", lhs, 2, lhs_layout, fp8)
@@ -551,7 +555,7 @@ def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_typ
 
 def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs,
                    preferred_element_type, group_offset, num_actual_groups, existing_out, bias_grad, precision, config,
-                   backend):
+                   backend, rhs_scale_per_group=False):
   """Validates FP8 tgmm's arguments; returns (m, num_groups, out_dtype, config, backend)."""
   _no_fp8_option("existing_out", existing_out)
   _no_fp8_option("precision", precision)
@@ -564,6 +568,10 @@ def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, t
       "(K, cdiv(M, 128))", (k, mb), "1x128 blocks of lhs (K, M)")
   rhs_option = ("(N, cdiv(M, 128))", (n, mb), "1x128 blocks of rhs (N, M)") if transpose_rhs else (
       "(cdiv(M, 128), N)", (mb, n), "128x1 blocks")
+  if _flag("rhs_scale_per_group", rhs_scale_per_group):  # One per group of group_sizes and column.
+    g = group_sizes.shape[0]
+    rhs_option = ("(N, G)", (n, g), "per group and column of rhs (N, M)") if transpose_rhs else (
+        "(G, N)", (g, n), "per group and column")
   _scale("lhs_scale", lhs_scale, "lhs", [lhs_option])
   _scale("rhs_scale", rhs_scale, "rhs", [rhs_option])
   return m, num_groups, out_dtype, config, backend

@@ -198,6 +198,31 @@ class Fp8OpsTest(Fp8TestBase):
       self.assert_close(out[b], oracle.masked_gmm(oracle.dequantize(x[b], x_scale[b], "1x128"),
                                                   oracle.dequantize(w, w_scale, "row"), masked_m))
 
+  @parameterized.parameters((False, None), (True, None), (False, 1), (True, 2))
+  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, group_offset):
+    """rhs scaled per group and column (rhs_scale_per_group): each row of rhs takes its group's scales (of the
+    computed groups, group_offset on); lhs per 128 rows of M; empty groups are zeros whatever their scales."""
+    m, k, n = 300, 129, 20
+    sizes = np.array([0, 100, 0, 150, 30], np.int32)  # 20 rows in no group
+    num_groups = 3 if group_offset else None
+    lhs, lhs_scale = quantize.quantize(self.normal((m, k)), "128x1")
+    rhs_mn = np.asarray(quantize.quantize(self.normal((m, n)), "128x1")[0], np.float32)
+    group_scale = np.asarray(self.rng.uniform(0.5, 2.0, (5, n)), np.float32)
+    group_scale[[0, 2]] = np.nan  # The empty groups'.
+    rhs = jnp.asarray(rhs_mn.T if transpose_rhs else rhs_mn, jnp.float8_e4m3fn)
+    out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale,
+                    rhs_scale=jnp.asarray(group_scale.T if transpose_rhs else group_scale), transpose_lhs=True,
+                    transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, group_offset=group_offset,
+                    num_actual_groups=num_groups, rhs_scale_per_group=True, backend=self.backend)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    group_of_row = np.clip(np.searchsorted(bounds, np.arange(m), side="right") - 1, 0, len(sizes) - 1)
+    rhs_deq = rhs_mn.astype(np.float64) * np.nan_to_num(group_scale)[group_of_row]  # Empty groups: no row.
+    want, _ = oracle.tgmm(oracle.dequantize(lhs, lhs_scale, "128x1"), rhs_deq, sizes, transpose_lhs=True,
+                          group_offset=group_offset, num_actual_groups=num_groups)
+    self.assert_close(out, want)
+    for g in np.flatnonzero(sizes[group_offset or 0:][:out.shape[0]] == 0):
+      np.testing.assert_array_equal(out[g], 0.0)
+
   def test_tgmm_vmap_m_contiguous(self):
     """vmap over FP8 tgmm's fast layout (lhs (K, M), rhs (N, M)), the batch on rhs and its scales only."""
     m, k, n = 300, 40, 24
@@ -274,6 +299,17 @@ BAD_CALLS = {
     "tgmm_nm_rhs_rows": (jgmm.tgmm, _tgmm_args(rhs=S((300, 24), F8), transpose_rhs=True), ValueError,
                          r"rhs must be \(N, M\) with M = 300 .*got shape \(300, 24\)"),
     "tgmm_bias_grad": (jgmm.tgmm, _tgmm_args(bias_grad=True), ValueError, r"bias_grad is not supported with FP8"),
+    "tgmm_per_group_shape": (jgmm.tgmm, _tgmm_args(rhs_scale_per_group=True), ValueError,
+                             r"rhs_scale must have shape \(G, N\) = \(4, 24\) \(per group and column\), got shape "
+                             r"\(3, 24\)"),
+    "tgmm_nm_per_group_shape": (jgmm.tgmm, _tgmm_args(rhs=S((24, 300), F8), rhs_scale=S((4, 24), jnp.float32),
+                                                      transpose_rhs=True, rhs_scale_per_group=True), ValueError,
+                                r"rhs_scale must have shape \(N, G\) = \(24, 4\)"),
+    "tgmm_per_group_without_fp8": (jgmm.tgmm, _tgmm_args(lhs=S((300, 40), jnp.bfloat16), rhs=S((300, 24), jnp.bfloat16),
+                                                         lhs_scale=None, rhs_scale=None, rhs_scale_per_group=True),
+                                   ValueError, r"rhs_scale_per_group=True applies to FP8 lhs and rhs with lhs_scale"),
+    "tgmm_per_group_not_bool": (jgmm.tgmm, _tgmm_args(rhs_scale_per_group=1), TypeError,
+                                r"rhs_scale_per_group must be a Python bool, got 1"),
 }
 
 

@@ -67,9 +67,10 @@ def run_masked(x, w, masked_m, x_scale, w_scale, *, out_dtype=jnp.float32, confi
 
 
 def run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs=False, out_dtype=jnp.float32,
-             config=SMALL):
+             config=SMALL, rhs_scale_per_group=False):
   fn = jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
-                                                  out_dtype=out_dtype, config=config))
+                                                  out_dtype=out_dtype, config=config,
+                                                  rhs_scale_per_group=rhs_scale_per_group))
   return fn(lhs, rhs, jnp.asarray(bounds, jnp.int32), lhs_scale, rhs_scale)
 
 
@@ -144,6 +145,26 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, 1e-5)
     for g in np.flatnonzero(np.diff(bounds) == 0):
       np.testing.assert_array_equal(out[g], 0.0)
+
+  @parameterized.parameters((False, 40, 24), (True, 7, 33), (True, 130, 16))
+  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, k, n):
+    """rhs scaled per group and column (RHS_GROUPS): each step's product times its row scales alone, the tile times
+    its group's column scales once; empty groups (NaN scales) stay exact zeros."""
+    m, bounds = 300, np.array([10, 10, 150, 151, 290], np.int32)
+    lhs_mk, lhs_mk_scale = self.quantized((m, k), "128x1", jnp.float32)
+    rhs_mn = np.asarray(self.quantized((m, n), "128x1", jnp.float32)[0])
+    group_scale = np.asarray(self.rng.uniform(0.5, 2.0, (4, n)), np.float32)
+    group_scale[0] = np.nan  # The empty group's.
+    rhs, rhs_scale = (rhs_mn.T, group_scale.T) if transpose_rhs else (rhs_mn, group_scale)
+    out = run_tgmm(lhs_mk.T, jnp.asarray(rhs), bounds, lhs_mk_scale.T, jnp.asarray(rhs_scale), transpose_lhs=False,
+                   transpose_rhs=transpose_rhs, rhs_scale_per_group=True)
+    group_of_row = np.clip(np.searchsorted(bounds, np.arange(m), side="right") - 1, 0, 3)
+    sizes, offset = groups_of(bounds)
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"),
+                          rhs_mn.astype(np.float64) * np.nan_to_num(group_scale)[group_of_row], sizes,
+                          transpose_lhs=True, group_offset=offset, num_actual_groups=4)
+    self.assert_close(out[1:], want[1:], 1e-5)
+    np.testing.assert_array_equal(out[0], 0.0)
 
   @parameterized.parameters((RECIPES[0],), (RECIPES[1],))
   def test_nan_scales_stay_in_their_rows(self, recipes):
@@ -400,6 +421,32 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     elif m_contiguous and m % 16 == 0:  # Rows of M bytes not 16-byte aligned: no 16-byte copies.
       self.assertIn("cp.async.cg.shared.global", ptx)
 
+  @parameterized.product(transpose_rhs=(False, True), wgrad_scale=("128x1", "group"))
+  def test_recipe_wgrad_scale(self, transpose_rhs, wgrad_scale):
+    """fp8_gmm's training step for sm_90: with wgrad_scale="group" the weight gradient's rhs operand (dout, or lhs
+    where transpose_rhs) takes block_column_amax_kernel's pass and the lanes kernel reading its scales, and the FP8
+    tgmm is the warp-specialised kernel with RHS_GROUPS; with "128x1" neither."""
+    s = jax.ShapeDtypeStruct
+    g, k, n, m = 8, 2048, 1024, 8192
+    fn = lambda x, w, gs, d: jax.vjp(lambda x, w: jgmm.fp8_gmm(x, w, gs, transpose_rhs=transpose_rhs,
+                                                               wgrad_scale=wgrad_scale), x, w)[1](d)
+    _compile._cache.clear()
+    with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+        mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+      jax.jit(fn).trace(s((m, k), jnp.bfloat16), s((g, n, k) if transpose_rhs else (g, k, n), jnp.bfloat16),
+                        s((g,), jnp.int32), s((m, n), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
+    calls = [(c.args[0].__name__, dict(c.args[2])) for c in compile_kernel.call_args_list]
+    names = [name for name, _ in calls]
+    group = wgrad_scale == "group"
+    self.assertEqual(names.count("block_column_amax_kernel"), int(group))
+    lanes = [flags.get("GIVEN_SCALE_T", False) for name, flags in calls
+             if name == "quantize_pair_grouped_lanes_kernel"]
+    self.assertEqual(sorted(lanes), [False, group])  # lhs's and dout's; one reads the group scales.
+    (tgmm_flags,) = [flags for name, flags in calls if name == "tgmm_fp8_ws_kernel"]
+    self.assertEqual(tgmm_flags.get("RHS_GROUPS", False), group)
+    for compiled in _compile._cache.values():
+      self.assertIn(".target sm_90a", compiled.asm["ptx"])
+
   def test_rocm_format_on_cuda_says_what_to_do(self):
     """float8_e4m3fnuz (ROCm's) on CUDA: a TypeError naming the format and the fix, not a Triton compile error,
     from each public FP8 op; e4m3fn is accepted (test_gmm)."""
@@ -587,6 +634,32 @@ class GpuFp8Test(Fp8KernelTestBase):
                        np.float32)
     self.assertTrue(ws_call.called)
     self.assert_close(out, want, GPU_TOL if out_dtype == jnp.float32 else 1e-2)
+    np.testing.assert_array_equal(out[sizes == 0], 0.0)
+
+  @parameterized.product(k=(64, 1000), n=(104, 520), tiling=((128, 4), (256, 3)))
+  def test_warp_specialized_tgmm_rhs_scale_per_group(self, k, n, tiling):
+    """tgmm_fp8_ws_kernel with rhs scaled per group and column (RHS_GROUPS): test_warp_specialized_tgmm's groups
+    and NaN rows after them; an empty group's NaN scales leave its zeros exact."""
+    block_n, stages = tiling
+    m = 3008
+    sizes = np.array([0, 1, 127, 128, 129, 300, 5, 3, 0, 700, self.rng.integers(1, 1000), 0], np.int32)
+    sizes[-1] = m - 40 - sizes.sum()
+    lhs_mk, lhs_scale = self.quantized((m, k), "128x1")
+    rhs_mn = self.quantized((m, n), "128x1")[0]
+    group_scale = np.asarray(self.rng.uniform(0.5, 2.0, (len(sizes), n)), np.float32)
+    group_scale[sizes == 0] = np.nan
+    group_of_row = np.clip(np.searchsorted(np.cumsum(sizes), np.arange(m), side="right"), 0, len(sizes) - 1)
+    rhs_deq = np.asarray(rhs_mn, np.float64) * np.nan_to_num(group_scale)[group_of_row]
+    want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), rhs_deq, sizes, transpose_lhs=True)
+    lhs_nan = jnp.where(jnp.arange(m)[:, None] >= m - 40, jnp.nan, lhs_mk.astype(jnp.float32)).astype(lhs_mk.dtype)
+    config = dataclasses.replace(WS, block_n=block_n, num_stages=stages)
+    fn = jax.jit(lambda *a: jgmm.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
+                                      preferred_element_type=jnp.float32, config=config, rhs_scale_per_group=True))
+    with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
+      out = np.asarray(self.poisoned(fn, lhs_nan.T, rhs_mn.T, jnp.asarray(sizes), lhs_scale.T,
+                                     jnp.asarray(group_scale.T)), np.float32)
+    self.assertTrue(ws_call.called)
+    self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[sizes == 0], 0.0)
 
   @parameterized.parameters((4096, 7168), (7168, 2048))

@@ -61,27 +61,53 @@ GROUPED = (dict(sizes=(0, 1, 127, 128, 129, 300), m=1000), dict(sizes=(600, 600)
 
 
 def blocks_of(sizes, m):
-  """quantize_pair_grouped's blocks (2, cdiv(m, 128) + len(sizes)) int32 of runs of rows (the groups clipped to m,
-  then the rows after them) each padded to a multiple of 128 rows: each block's first row and its run's end."""
+  """quantize_pair_grouped's blocks (3, cdiv(m, 128) + len(sizes)) int32 of runs of rows (the groups clipped to m,
+  then the rows after them) each padded to a multiple of 128 rows: each block's first row, its run's end and its
+  run (len(sizes) for the rows after the groups and for blocks of no row)."""
   bounds = np.concatenate([[0], np.minimum(np.cumsum(sizes), m), [m]])
-  first, end = [], []
-  for start, stop in zip(bounds[:-1], bounds[1:]):
+  first, end, run = [], [], []
+  for r, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
     first += list(range(start, stop, 128))
     end += [stop] * len(range(start, stop, 128))
+    run += [r] * len(range(start, stop, 128))
   pad = -(-m // 128) + len(sizes) - len(first)
-  return jnp.asarray([first + [0] * pad, end + [0] * pad], jnp.int32)
+  return jnp.asarray([first + [0] * pad, end + [0] * pad, run + [len(sizes)] * pad], jnp.int32)
 
 
 def grouped_oracle(x, blocks, fmax):
   """quantize_pair_grouped_kernel's (q, scale, qt, scale_t) in numpy float32, q and qt not yet rounded to FP8: each
   block's rows copied to its 128 rows of a zero matrix, whose transpose is quantised 1x128."""
   x = np.asarray(x, np.float32)
-  first, end = np.asarray(blocks)
+  return (*kernel_oracle(x, "1x128", fmax)[:2], *kernel_oracle(regrouped_of(x, blocks), "1x128", fmax)[2:])
+
+
+def regrouped_of(x, blocks):
+  """x's rows in the blocks' 128-row slots of a zero matrix (128 PB, C), float32."""
+  x = np.asarray(x, np.float32)
+  first, end = np.asarray(blocks)[:2]
   regrouped = np.zeros((128 * len(first), x.shape[1]), np.float32)
   for b, (start, stop) in enumerate(zip(first, end)):
     rows = x[start:min(stop, start + 128)]
     regrouped[128 * b:128 * b + len(rows)] = rows
-  return (*kernel_oracle(x, "1x128", fmax)[:2], *kernel_oracle(regrouped, "1x128", fmax)[2:])
+  return regrouped
+
+
+def per_group_oracle(x, blocks, num_groups, fmax, scale_t=None):
+  """quantize_pair_grouped's (q, scale, qt, scale_t) with num_groups, in numpy float32, q and qt not yet rounded:
+  qt's scale per group (blocks' third row) and column, amax / fmax over the group's rows (1 where 0), scale_t (C,
+  G) (or the given scale_t for qt, e.g. a kernel's: XLA's division may differ from numpy's by an ulp); q = x * (1 /
+  scale) as the kernels compute it."""
+  regrouped = regrouped_of(x, blocks)
+  group = np.asarray(blocks)[2]
+  amax = np.zeros((num_groups + 1, regrouped.shape[1]), np.float32)
+  for b, g in enumerate(group):  # np.maximum: NaN propagates.
+    amax[g] = np.maximum(amax[g], np.abs(regrouped[128 * b:128 * b + 128]).max(axis=0))
+  scales = np.where(amax == 0, np.float32(1), amax / np.float32(fmax)).astype(np.float32)
+  if scale_t is not None:
+    scales[:num_groups] = np.asarray(scale_t).T
+  per_row = np.repeat(scales[group], 128, axis=0)
+  qt = np.clip(regrouped * (np.float32(1) / per_row), -fmax, fmax).T
+  return (*kernel_oracle(np.asarray(x, np.float32), "1x128", fmax)[:2], qt, scales[:num_groups].T)
 
 
 def plain_grouped_kernel(x, blocks, out_dtype):
@@ -191,6 +217,21 @@ class PortableTest(QuantizePairTestBase):
       jgmm.quantize_pair(args["x"], args["recipe"], args["dtype"], backend=args["backend"])
 
 
+  @parameterized.parameters(*GROUPED)
+  def test_grouped_per_group(self, sizes, m):
+    """fp8_gmm's wgrad_scale="group": qt scaled per group and column (scale_t (C, G)), q and scale unchanged."""
+    x = self.operand((m, 200))
+    blocks = blocks_of(sizes, m)
+    got = fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, num_groups=len(sizes), backend="xla")
+    want = per_group_oracle(x, blocks, len(sizes), 448.0)
+    for k, (a, b, what) in enumerate(zip(got, want, ("q", "scale", "qt", "scale_t"))):
+      b = np.asarray(np.asarray(b).astype(jnp.float8_e4m3fn), np.float32) if k % 2 == 0 else b
+      self.assertEqual(a.shape, b.shape, what)
+      # As test_grouped: the portable backend divides, the oracle multiplies by the reciprocal.
+      np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=2**-3 if k % 2 == 0 else 2**-22,
+                                 atol=2**-9 if k % 2 == 0 else 0, err_msg=f"{what}, seed {self.seed}")
+
+
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
 class InterpretedTest(QuantizePairTestBase):
 
@@ -228,6 +269,26 @@ class InterpretedTest(QuantizePairTestBase):
     for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
+
+  @parameterized.parameters(*GROUPED, dict(GROUPED[0], nonfinite=True))
+  def test_grouped_kernel_per_group(self, sizes, m, nonfinite=False):
+    """block_column_amax_kernel and quantize_pair_grouped_kernel reading the group scales: every element and scale
+    against the oracle, bit for bit; a NaN makes its group's column scale and qt column NaN, an inf its scale inf
+    (then zeros and a NaN), other groups unchanged."""
+    x = self.operand((m, 130), nonfinite=nonfinite)
+    blocks = blocks_of(sizes, m)
+    got = jax.jit(lambda x, b: backend_triton.quantize_pair_grouped_plain(x, b, jnp.float32, 448.0, len(sizes)))(
+        x, blocks)
+    want = per_group_oracle(x, blocks, len(sizes), 448.0)
+    np.testing.assert_allclose(np.asarray(got[3]), want[3], rtol=2**-22, err_msg=f"seed {self.seed}")  # XLA's /
+    given = per_group_oracle(x, blocks, len(sizes), 448.0, got[3])
+    for a, b, what in zip(got[:2], given, ("q", "scale")):
+      np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
+    # qt's columns of the groups, bit for bit given the kernel's scales; those of the rows after the groups (whose
+    # scales the kernel does not return) within XLA's division's ulp.
+    in_groups = np.repeat(np.asarray(blocks)[2] < len(sizes), 128)
+    np.testing.assert_array_equal(np.asarray(got[2])[:, in_groups], given[2][:, in_groups], f"seed {self.seed}")
+    np.testing.assert_allclose(np.asarray(got[2]), given[2], rtol=2**-21, err_msg=f"seed {self.seed}")
 
   def test_grouped_kernel_blocks_outside_x(self):
     """Blocks reaching before row 0 or past R read and write only x's rows (zeros for the rest), as the portable
@@ -317,6 +378,29 @@ class GpuTest(QuantizePairTestBase):
         x, blocks)
     self.assert_kernel_outputs(got, grouped_oracle(x, blocks, 448.0),
                                fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla"))
+
+  @parameterized.parameters(*GROUPED, dict(sizes=(1000, 0, 3000, 5, 123), m=8192))
+  def test_grouped_kernel_per_group(self, sizes, m):
+    """Scales per group and column (block_column_amax_kernel, then the lanes kernel reading them): the scales the
+    oracle's within an ulp (XLA's division); given them, q, scale and qt's columns of the groups the oracle's bit for
+    bit; q and qt within one FP8 step of the portable backend."""
+    x = self.operand((m, 7168 if m == 8192 else 260))
+    blocks = blocks_of(sizes, m)
+    quantized = lambda backend: jax.jit(lambda x, b: fp8._quantize_pair_grouped_p(
+        x, b, dtype=jnp.float8_e4m3fn, num_groups=len(sizes), backend=backend))(x, blocks)
+    got = [np.asarray(a, np.float32) for a in quantized("triton")]
+    np.testing.assert_allclose(got[3], per_group_oracle(x, blocks, len(sizes), 448.0)[3], rtol=2**-22,
+                               err_msg=f"seed {self.seed}")
+    want = per_group_oracle(x, blocks, len(sizes), 448.0, got[3])
+    rounded = lambda a: np.asarray(np.asarray(a).astype(jnp.float8_e4m3fn), np.float32)
+    in_groups = np.repeat(np.asarray(blocks)[2] < len(sizes), 128)
+    np.testing.assert_array_equal(got[0], rounded(want[0]), f"q, seed {self.seed}")
+    np.testing.assert_array_equal(got[1], want[1], f"scale, seed {self.seed}")
+    np.testing.assert_array_equal(got[2][:, in_groups], rounded(want[2])[:, in_groups], f"qt, seed {self.seed}")
+    for a, near, what in zip(got[::2], quantized("xla")[::2], ("q", "qt")):
+      near = np.asarray(near, np.float32)
+      np.testing.assert_allclose(a, near, rtol=2**-3, atol=2**-9, err_msg=f"{what}, seed {self.seed}")
+      self.assertLess(np.mean(a != near), 0.01, f"{what}: too many differ from the portable backend")
 
   @parameterized.product(dtype=(jnp.bfloat16, jnp.float16, jnp.float32), c=(7, 257, 4096),
                          outside=(False, True))

@@ -198,8 +198,10 @@ def masked_gmm_fp8_kernel(x_ptr, w_ptr, x_desc, w_desc, masked_m_ptr, x_scale_pt
 def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start, end, M, ki,
                    ni, k_rows, k_mask, cols, n_mask, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_LHS: tl.constexpr,
-                   TRANSPOSE_RHS: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-  """acc plus the scaled product of rows [r0, r0 + BLOCK_K) (r0 a multiple of BLOCK_K). EDGE: the step holds rows
+                   TRANSPOSE_RHS: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   RHS_GROUPS: tl.constexpr):
+  """acc plus the scaled product of rows [r0, r0 + BLOCK_K) (r0 a multiple of BLOCK_K; RHS_GROUPS: by the row scales
+  alone, the kernel's epilogue applies the group's column scales). EDGE: the step holds rows
   outside [start, end), masked one by one; otherwise every row is the group's and the loads are masked along K and N
   only, so that they stay vectorised along the rows (a per-row mask would cut them to single elements, and
   asynchronous copies, which the software pipeline needs, to nothing)."""
@@ -215,7 +217,6 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
   else:
     b_ptr = rhs_ptr + r064 * N + ni * BLOCK_N
   sa = tl.load(lhs_scale_ptr + scale_row * K + k_rows, mask=k_mask, other=0.0)
-  sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask, other=0.0)
   if EDGE:
     r_mask = (r0 + local >= start) & (r0 + local < end)
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
@@ -223,6 +224,9 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
   else:
     a = tl.load(a_ptr + a_offsets, mask=k_mask[:, None], other=0.0)
     b = tl.load(b_ptr + b_offsets, mask=n_mask[None, :], other=0.0)
+  if RHS_GROUPS:
+    return acc + tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None]
+  sb = tl.load(rhs_scale_ptr + scale_row * N + cols, mask=n_mask, other=0.0)
   return acc + tl.dot(a, b, input_precision=DOT_PRECISION) * sa[:, None] * sb[None, :]
 
 
@@ -230,8 +234,10 @@ def _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offset
 def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                     K: tl.constexpr, N: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-  """out[g] (K, N) = lhs_KM[:, rows of g] @ rhs_MN[rows of g], scaled per 128 rows (module docstring).
+                    TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    RHS_GROUPS: tl.constexpr = False):
+  """out[g] (K, N) = lhs_KM[:, rows of g] @ rhs_MN[rows of g], scaled per 128 rows (module docstring); RHS_GROUPS:
+  rhs_scale (G, N), one per group and column, applied once to a tile with rows (fp8_gmm's wgrad_scale="group").
 
   lhs (K, M), or (M, K) if TRANSPOSE_LHS; rhs (M, N), or (N, M) if TRANSPOSE_RHS; bounds (G + 1,) int32. Output
   tiles BLOCK_M (along K) x BLOCK_N, G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) of them, persistent over the grid; each
@@ -276,14 +282,16 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
     if start < body_start:  # The step holding start (and end too, where the group lies inside one step).
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets,
                            body_start - BLOCK_K, start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N,
-                           BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
+                           BLOCK_M, BLOCK_N, BLOCK_K, TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION, RHS_GROUPS)
     for r0 in range(body_start, body_end, BLOCK_K):
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, r0, start,
                            end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                           TRANSPOSE_LHS, TRANSPOSE_RHS, False, DOT_PRECISION)
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, False, DOT_PRECISION, RHS_GROUPS)
     if (body_start <= body_end) & (body_end < end):  # The step holding end, after the body.
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
                            start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                           TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION)
+                           TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION, RHS_GROUPS)
+    if RHS_GROUPS & (start < end):
+      acc = acc * tl.load(rhs_scale_ptr + tl.cast(g, tl.int64) * N + cols, mask=n_mask, other=0.0)[None, :]
     out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
     store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)

@@ -82,14 +82,16 @@ def quantize_pair_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C
 
 
 @triton.jit
-def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C: tl.constexpr,
-                                 PB: tl.constexpr, FMAX: tl.constexpr):
+def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, R: tl.constexpr, C: tl.constexpr,
+                                 PB: tl.constexpr, FMAX: tl.constexpr, GIVEN_SCALE_T: tl.constexpr = False):
   """x (R, C) with its rows regrouped into PB blocks of 128 (blocks (2, PB) int32: block b holds rows [first[b],
   min(first[b] + 128, end[b])), none where first[b] >= end[b]; fp8_gmm's backward gives each group's rows from a
   block of its own on, so that no block holds rows of two groups). 1x128 blocks: q (R, C) with s (R, CB), as
   quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB) with st (C, PB): block b's rows as
-  qt's columns [128 b, 128 b + 128), zeros past its rows. One program per block and 128 columns of x: grid (PB, CB).
-  Rows of x in no block are neither read nor written."""
+  qt's columns [128 b, 128 b + 128), zeros past its rows. GIVEN_SCALE_T: st is an input, qt's scales (e.g. one
+  per group and column, repeated over the group's blocks: fp8_gmm's wgrad_scale="group"), read instead of
+  computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no block are neither read nor
+  written."""
   CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
@@ -105,15 +107,35 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr
   offsets = local.to(OFFSET)[:, None] * C + local[None, :]
   x = tl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(tl.float32)
   scale = _scale(tl.reduce(tl.abs(x), 1, _nan_max), FMAX)
-  scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
   tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
-  tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
+  if GIVEN_SCALE_T:
+    scale_t = tl.load(st_ptr + cols.to(tl.int64) * PB + pb, mask=cols < C, other=1.0)
+  else:
+    scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
+    tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
   dtype = q_ptr.dtype.element_ty
   tl.store(q_ptr + tile + offsets, _quantize(x, scale[:, None], dtype, FMAX), mask=mask)
   qt = tl.trans(_quantize(x, scale_t[None, :], dtype, FMAX))  # [c, r]
   tile_t = cb.to(tl.int64) * BLOCK * RP + pb * BLOCK
   offsets_t = local.to(OFFSET)[:, None] * RP + local[None, :]
   tl.store(qt_ptr + tile_t + offsets_t, qt, mask=(cols < C)[:, None])
+
+
+@triton.jit
+def block_column_amax_kernel(x_ptr, blocks_ptr, amax_ptr, R: tl.constexpr, C: tl.constexpr, PB: tl.constexpr):
+  """amax (PB, C) float32: the largest |x| of each column over the rows of each block of quantize_pair_grouped_kernel
+  (0 for a block without rows; NaN where one is NaN). One program per block and 128 columns: grid (PB, CB)."""
+  pb, cb = tl.program_id(0), tl.program_id(1)
+  local = tl.arange(0, BLOCK)
+  first = tl.load(blocks_ptr + pb)
+  rows = first + local
+  cols = cb * BLOCK + local
+  valid = (rows >= 0) & (rows < tl.minimum(tl.load(blocks_ptr + PB + pb), R))
+  OFFSET: tl.constexpr = tl.int64 if BLOCK * C >= 2**31 else tl.int32
+  offsets = local.to(OFFSET)[:, None] * C + local[None, :]
+  x = tl.load(x_ptr + first.to(tl.int64) * C + cb * BLOCK + offsets, mask=valid[:, None] & (cols < C)[None, :],
+              other=0.0)
+  tl.store(amax_ptr + pb.to(tl.int64) * C + cols, tl.reduce(tl.abs(x.to(tl.float32)), 0, _nan_max), mask=cols < C)
 
 
 # quantize_pair_grouped_lanes_kernel (CUDA): 8 warps at most 128 registers each, two programs per SM. Measured
@@ -143,16 +165,17 @@ def lanes_layouts(num_warps: int, warps_c: int = 2):
 
 
 @gluon.jit
-def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: gl.constexpr,
+def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, R: gl.constexpr,
                                        C: gl.constexpr, PB: gl.constexpr, RT: gl.constexpr, FMAX: gl.constexpr,
-                                       TILE: gl.constexpr, TILE_T: gl.constexpr):
+                                       TILE: gl.constexpr, TILE_T: gl.constexpr, GIVEN_SCALE_T: gl.constexpr = False):
   """quantize_pair_grouped_kernel's outputs (float8_e4m3fn q and qt) with a layout that stores both from registers
   (lanes_layouts; the plain kernel transposes through shared memory a byte at a time) and each row's and column's
   scale and reciprocal computed by one thread (two at 8 warps), not by every thread holding the row or column.
   No clamp: CUDA's conversion to FP8 saturates (cvt.rn.satfinite) and keeps NaN. One program per 128 columns and block,
   columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,). qt (C, RT):
   RT = 128 PB (quantize_pair_grouped_kernel's qt), or R with blocks on the 128-row grid (quantize_pair_kernel's
-  1x128 qt: blocks [128 b, R), PB = cdiv(R, 128)); qt's columns past RT are not written."""
+  1x128 qt: blocks [128 b, R), PB = cdiv(R, 128)); qt's columns past RT are not written. GIVEN_SCALE_T: st is an
+  input, read instead of computed (quantize_pair_grouped_kernel's)."""
   CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
   OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RT) >= 2**31 else gl.int32
   ONE: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])  # A row's or column's scale a thread.
@@ -169,9 +192,13 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, q_ptr, s_ptr, qt_ptr, 
   x = gl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(gl.float32)
   one = gl.arange(0, BLOCK, layout=ONE)
   scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
-  scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
   gl.store(s_ptr + (first + one).to(gl.int64) * CB + cb, scale, mask=(first + one >= 0) & (first + one < end))
-  gl.store(st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb, scale_t, mask=cb * BLOCK + one < C)
+  st_ptrs = st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb
+  if GIVEN_SCALE_T:
+    scale_t = gl.load(st_ptrs, mask=cb * BLOCK + one < C, other=1.0)
+  else:
+    scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
+    gl.store(st_ptrs, scale_t, mask=cb * BLOCK + one < C)
   inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
   inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
   dtype: gl.constexpr = q_ptr.dtype.element_ty

@@ -19,6 +19,10 @@ without the zeroing below, docs/perf-notes.md "Session 21"). A group's first and
 groups (or rows of none) unless its rows start and end on the 128-row grid (fp8_gmm's backward pads each group to
 it): before its wgmma, each consumer zeroes those columns of its own lhs half in shared memory (the loader copies
 all 128 rows of a step; TMA reads zeros past M). A tile of an empty group stores zeros without loading.
+RHS_GROUPS: rhs's scales are one per group and column instead (rhs_scale (G, N), fp8_gmm's wgrad_scale="group"):
+the promotion multiplies by the row scales alone and the epilogue by the tile's column scales, once (the 32 column
+scales a thread would read per step are what the promotion costs: 1.48x faster on the H100 without them,
+docs/perf-notes.md, sessions 29 and 31).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -46,11 +50,12 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
 
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
-            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr):
+            G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+            RHS_GROUPS: gl.constexpr):
   num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
-  # One lhs half, the rhs tile and both scale rows.
+  # One lhs half, the rhs tile and the scale rows (rhs's unless RHS_GROUPS).
   half_bytes: gl.constexpr = (lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
-                              + sb_desc.block_type.nbytes)
+                              + (0 if RHS_GROUPS else sb_desc.block_type.nbytes))
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
     _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
@@ -65,7 +70,8 @@ def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa
       _tma_load(lhs_desc, [ki * BLOCK + HALF, m0], ready.index(slot), a_bufs.index(2 * slot + 1), pred=both)
       _tma_load(rhs_desc, [ni * BLOCK_N, m0], ready.index(slot), b_bufs.index(slot))
       _tma_load(sa_desc, [first + kk, ki * BLOCK], ready.index(slot), sa_bufs.index(slot))
-      _tma_load(sb_desc, [first + kk, ni * BLOCK_N], ready.index(slot), sb_bufs.index(slot))
+      if not RHS_GROUPS:
+        _tma_load(sb_desc, [first + kk, ni * BLOCK_N], ready.index(slot), sb_bufs.index(slot))
       step += 1
 
 
@@ -78,10 +84,14 @@ def _zero_other_rows(a_buf, m0, start, end):
 
 
 @gluon.jit
-def _add_scaled(acc, a, b, sa, sb_buf):
-  """acc + (a @ b) * sa[:, None] * sb[None, :], the product's wgmmas from zero (promotion). The column scales sb
-  (32 registers a thread) are read from sb_buf while the wgmmas run: two accumulators, a product and one sb fit."""
+def _add_scaled(acc, a, b, sa, sb_buf, RHS_GROUPS: gl.constexpr):
+  """acc + (a @ b) * sa[:, None] * sb[None, :] (sb: 1 with RHS_GROUPS), the product's wgmmas from zero
+  (promotion). The column scales sb (32 registers a thread) are read from sb_buf while the wgmmas run: two
+  accumulators, a product and one sb fit."""
   product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+  if RHS_GROUPS:
+    product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
+    return acc + product * gl.expand_dims(sa, 1)
   sb = sb_buf.load(gl.SliceLayout(0, acc.type.layout))
   product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
   return acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
@@ -100,7 +110,7 @@ def _ready_lhs(a_bufs, ready, step, m0, start, end, S: gl.constexpr, H: gl.const
 
 @gluon.jit
 def _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first, steps, start, end,
-                 S: gl.constexpr, H: gl.constexpr):
+                 S: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr):
   """(acc, acc_right) after the tile's steps, 256 wide: per step the left then the right column half, each waited
   for and promoted before the next (two accumulators and one product fit the registers). _ready_lhs's wait and
   zeroing are written out here: with the row scales read between them ptxas spills 212 B, through _ready_lhs 260 B
@@ -116,8 +126,9 @@ def _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right,
     if (m0 < start) | (m0 + BLOCK > end):
       _zero_other_rows(a, m0, start, end)
     b = b_bufs.index(slot)
-    acc = _add_scaled(acc, a, b.slice(0, BLOCK).permute((1, 0)), sa, sb.slice(0, BLOCK))
-    acc_right = _add_scaled(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), sa, sb.slice(BLOCK, BLOCK))
+    acc = _add_scaled(acc, a, b.slice(0, BLOCK).permute((1, 0)), sa, sb.slice(0, BLOCK), RHS_GROUPS)
+    acc_right = _add_scaled(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), sa, sb.slice(BLOCK, BLOCK),
+                            RHS_GROUPS)
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
 
@@ -131,21 +142,24 @@ def _issue(a_bufs, b_bufs, ready, acc, step, m0, start, end, S: gl.constexpr, H:
 
 @gluon.jit
 def _retire(acc, product, sa_bufs, sb_bufs, empty, step, outstanding: gl.constexpr, S: gl.constexpr,
-            H: gl.constexpr):
-  """acc + product * sa[:, None] * sb[None, :] with stage `step`'s scales once the product is done (`outstanding`
-  later products still in flight); releases the stage."""
+            H: gl.constexpr, RHS_GROUPS: gl.constexpr):
+  """acc + product * sa[:, None] * sb[None, :] (sb: 1 with RHS_GROUPS) with stage `step`'s scales once the product
+  is done (`outstanding` later products still in flight); releases the stage."""
   product = warpgroup_mma_wait(num_outstanding=outstanding, deps=(product,))
   slot = step % S
   sa = sa_bufs.index(slot).reshape([BLOCK]).slice(H * HALF, HALF).load(gl.SliceLayout(1, acc.type.layout))
-  sb = sb_bufs.index(slot).reshape([BLOCK]).load(gl.SliceLayout(0, acc.type.layout))
-  acc = acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
+  if RHS_GROUPS:
+    acc = acc + product * gl.expand_dims(sa, 1)
+  else:
+    sb = sb_bufs.index(slot).reshape([BLOCK]).load(gl.SliceLayout(0, acc.type.layout))
+    acc = acc + product * (gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0))
   mbarrier.arrive(empty.index(slot))
   return acc
 
 
 @gluon.jit
 def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step, first, steps, start, end,
-                      S: gl.constexpr, H: gl.constexpr):
+                      S: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr):
   """acc after the tile's steps (steps > 0), 128 wide, two products in flight: step kk + 1's issued before step
   kk's is promoted. Unrolled by two, so that no loop-carried copy reads a product in flight (ptxas would serialise
   the wgmmas)."""
@@ -153,22 +167,33 @@ def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step,
   for j in range((steps - 1) // 2):
     kk = 2 * j + 1
     p1 = _issue(a_bufs, b_bufs, ready, acc, step + kk, (first + kk) * BLOCK, start, end, S, H)
-    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + kk - 1, 1, S, H)
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + kk - 1, 1, S, H, RHS_GROUPS)
     p0 = _issue(a_bufs, b_bufs, ready, acc, step + kk + 1, (first + kk + 1) * BLOCK, start, end, S, H)
-    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + kk, 1, S, H)
+    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + kk, 1, S, H, RHS_GROUPS)
   if steps % 2 == 0:
     p1 = _issue(a_bufs, b_bufs, ready, acc, step + steps - 1, (first + steps - 1) * BLOCK, start, end, S, H)
-    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 2, 1, S, H)
-    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 2, 1, S, H, RHS_GROUPS)
+    acc = _retire(acc, p1, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H, RHS_GROUPS)
   else:
-    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H)
+    acc = _retire(acc, p0, sa_bufs, sb_bufs, empty, step + steps - 1, 0, S, H, RHS_GROUPS)
   return acc
 
 
 @gluon.jit
-def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G: gl.constexpr,
-              K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-              H: gl.constexpr):
+def _group_scaled(acc, rhs_scale_ptr, g, col0, steps, N: gl.constexpr, RHS_GROUPS: gl.constexpr):
+  """acc (64, 128) times group g's column scales from col0 on (rhs_scale (G, N)) with RHS_GROUPS where the group has
+  rows (steps > 0; an empty group's zeros stay exact whatever its scales), else acc."""
+  if RHS_GROUPS:
+    cols = col0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, acc.type.layout))
+    scale = gl.load(rhs_scale_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (steps > 0), other=1.0)
+    acc = acc * gl.expand_dims(scale, 0)
+  return acc
+
+
+@gluon.jit
+def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty,
+              G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
@@ -184,38 +209,43 @@ def _consumer(bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, rea
     if (half_rows > 0) & (steps > 0):
       if WIDE:
         acc, acc_right = _reduce_wide(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, acc_right, step, first,
-                                      steps, start, end, S, H)
+                                      steps, start, end, S, H, RHS_GROUPS)
       else:
         acc = _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step, first, steps, start, end,
-                                S, H)
+                                S, H, RHS_GROUPS)
     elif steps > 0:  # The other half has K rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, steps, S)
     step += steps
     if half_rows > 0:
       row = g * K + ki * BLOCK + H * HALF
+      acc = _group_scaled(acc, rhs_scale_ptr, g, ni * BLOCK_N, steps, N, RHS_GROUPS)
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_rows, N, BLOCK, OUT_LAYOUT)
       if WIDE:
         if ni * BLOCK_N + BLOCK < N:
+          acc_right = _group_scaled(acc_right, rhs_scale_ptr, g, ni * BLOCK_N + BLOCK, steps, N,
+                                    RHS_GROUPS)
           store_half(out_ptr, out_desc, c_bufs.index(H), acc_right, row, ni * BLOCK_N + BLOCK, half_rows, N, BLOCK,
                      OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, out_ptr, G: gl.constexpr, K: gl.constexpr,
-                       N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, rhs_scale_ptr, out_ptr, G: gl.constexpr,
+                       K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
+                       OUT_LAYOUT: gl.constexpr, RHS_GROUPS: gl.constexpr = False):
   """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
-  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT; bounds (G + 1,)
-  int32; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128),
-  shared-memory layout OUT_LAYOUT)."""
+  (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT (with
+  RHS_GROUPS: rhs_scale (G, N), read through rhs_scale_ptr; sb_desc unread); bounds (G + 1,) int32; out (G, K, N)
+  through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128), shared-memory layout
+  OUT_LAYOUT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], SCALE_LAYOUT)
   sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
   gl.warp_specialize([
-      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
-                   OUT_LAYOUT, 0)),
-      (_consumer, (bounds_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K, N, BLOCK_N, S,
-                   OUT_LAYOUT, 1)),
+      (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
+                   N, BLOCK_N, S, OUT_LAYOUT, 0, RHS_GROUPS)),
+      (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
+                   N, BLOCK_N, S, OUT_LAYOUT, 1, RHS_GROUPS)),
       (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
-                 K, N, BLOCK_N, S)),
+                 K, N, BLOCK_N, S, RHS_GROUPS)),
   ], [4, 1], [240, 24])
