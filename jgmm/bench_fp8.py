@@ -9,7 +9,8 @@ accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
 The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES, with the
 weights quantised in the call (the bf16 weights given) and ahead of it (jgmm.quantize_weights outside the timed
-call: a step's cost per micro-batch where its micro-batches reuse them).
+call: a step's cost per micro-batch where its micro-batches reuse them), and ahead with wgrad_scale="group" (the
+weight gradient's second operand scaled per group and column).
 jgmm's products run `runs` times in one program (timing.chain, enough runs for ~0.5 ms at the FP8 peak): a masked
 case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, which one call per run would time
 (session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first
@@ -157,14 +158,18 @@ def bench_recipe(name, m, k, n, g):
   inp = bench.Inputs(m, k, n, g)
   fp8, bf16 = bench.fwd_bwd(jgmm.fp8_gmm), bench.fwd_bwd(jgmm.gmm)
   fp8_ahead = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
+  fp8_group = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights, wgrad_scale="group"))
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
   weights = jax.jit(jgmm.quantize_weights)(inp.w)
   ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
                                 "fp8_gmm_weights_ahead": (lambda: fp8_ahead(*args, weights), timing.jax_sync),
+                                "fp8_gmm_weights_ahead_wgrad_group": (lambda: fp8_group(*args, weights),
+                                                                      timing.jax_sync),
                                 "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
           "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
           "speedup_weights_ahead": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"],
+          "speedup_weights_ahead_wgrad_group": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead_wgrad_group"],
           "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
 
 
@@ -193,14 +198,15 @@ def _print_products(results):
 
 
 def _print_recipe(recipe):
-  print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | gmm bf16 fwd+bwd ms | speedup | "
-        "speedup, weights ahead |")
-  print("|---|---|---|---|---|---|")
+  print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | ahead, wgrad_scale group ms | "
+        "gmm bf16 fwd+bwd ms | speedup | speedup, weights ahead | speedup, ahead, wgrad group |")
+  print("|---|---|---|---|---|---|---|---|")
   for r in recipe:
     ms = r["fwd_bwd_ms"]
-    print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | {ms['gmm_bf16']:.3f} | "
-          f"{r['speedup']:.2f}x | {r['speedup_weights_ahead']:.2f}x |")
-  for key in ("speedup", "speedup_weights_ahead"):
+    print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | "
+          f"{ms['fp8_gmm_weights_ahead_wgrad_group']:.3f} | {ms['gmm_bf16']:.3f} | {r['speedup']:.2f}x | "
+          f"{r['speedup_weights_ahead']:.2f}x | {r['speedup_weights_ahead_wgrad_group']:.2f}x |")
+  for key in ("speedup", "speedup_weights_ahead", "speedup_weights_ahead_wgrad_group"):
     print(f"recipe {key.replace('_', ' ')} geomean: {statistics.geometric_mean([r[key] for r in recipe]):.2f}x")
 
 

@@ -2,7 +2,8 @@
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
 jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select; the
-FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead, beside gmm (tiny, CPU);
+FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
+beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent."""
 import functools
 import io
@@ -148,11 +149,12 @@ class Fp8BenchTuneTest(absltest.TestCase):
   def test_recipe_case_times_fp8_gmm_with_weights_quantised_in_the_call_and_ahead(self):
     result = bench_fp8.bench_recipe("tiny", 256, 256, 128, 2)
     ms = result["fwd_bwd_ms"]
-    self.assertEqual(set(ms), {"fp8_gmm", "fp8_gmm_weights_ahead", "gmm_bf16"})
+    self.assertEqual(set(ms), {"fp8_gmm", "fp8_gmm_weights_ahead", "fp8_gmm_weights_ahead_wgrad_group", "gmm_bf16"})
     self.assertTrue(all(t > 0 for t in ms.values()), ms)
     with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
       bench_fp8._print([], [result])
     self.assertIn("recipe speedup weights ahead geomean", printed.getvalue())
+    self.assertIn("recipe speedup weights ahead wgrad group geomean", printed.getvalue())
 
   def test_bench_fp8_tune_runs_the_tuner_on_the_named_cases(self):
     out = self.enter_context(tempfile.TemporaryDirectory())
