@@ -243,6 +243,9 @@ def group_column_scales(amax, block_groups, num_groups, fmax):
   """(num_groups + 1, C) float32 scales, one per group and column: amax / fmax (1 where 0, as jgmm.quantize) of the
   largest of amax (PB, C) (per block and column) over the blocks of each group (block_groups (PB,) int32 in [0,
   num_groups]: num_groups for blocks of rows after the groups, or of none); NaN where any of them is NaN."""
-  group_amax = jax.ops.segment_max(amax, block_groups, num_segments=num_groups + 1, indices_are_sorted=True)
-  group_amax = jnp.maximum(group_amax, 0.0)  # An empty segment's -inf; NaN stays.
+  segments = dict(segment_ids=block_groups, num_segments=num_groups + 1, indices_are_sorted=True)
+  group_amax = jnp.maximum(jax.ops.segment_max(amax, **segments), 0.0)  # An empty segment's -inf: 0.
+  # NaN by a count, whatever a scatter's max does with it on the platform.
+  has_nan = jax.ops.segment_sum(jnp.isnan(amax).astype(jnp.int32), **segments) > 0
+  group_amax = jnp.where(has_nan, jnp.nan, group_amax)
   return jnp.where(group_amax == 0, 1.0, group_amax / fmax)

@@ -10,7 +10,8 @@ valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x12
 The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the dsv3 cases of bench.CASES, with the
 weights quantised in the call (the bf16 weights given) and ahead of it (jgmm.quantize_weights outside the timed
 call: a step's cost per micro-batch where its micro-batches reuse them), and ahead with wgrad_scale="group" (the
-weight gradient's second operand scaled per group and column).
+weight gradient's second operand scaled per group and column where M >= 512 G, as on the dsv3 cases; smaller M runs
+"128x1").
 jgmm's products run `runs` times in one program (timing.chain, enough runs for ~0.5 ms at the FP8 peak): a masked
 case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, which one call per run would time
 (session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first

@@ -114,15 +114,19 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
   """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N) / (N, M), scales along M: see the module docstring
   (lhs (K, M) and rhs (N, M) are the fast layouts on Hopper). rhs_scale_per_group: rhs_scale holds one scale per
   group of group_sizes and column instead, (G, N) for rhs (M, N) or (N, G) for rhs (N, M) (fp8_gmm's
-  wgrad_scale="group"; the kernels apply it once per output tile, not per 128 rows). existing_out, bias_grad and
-  precision are not supported with FP8 (a clear error)."""
+  wgrad_scale="group"; the kernels apply it once per output tile, not per 128 rows, so an inf scale meets the
+  tile's sum: inf, or NaN where that sum is 0, where the portable backend, scaling rhs first, gives NaN wherever a
+  product is 0). existing_out, bias_grad and precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
       group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend, rhs_scale_per_group)
   bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
-  if rhs_scale_per_group:  # The computed groups' scales, in bounds' order.
-    first = 0 if group_offset is None else jnp.asarray(group_offset, jnp.int32)
-    rhs_scale = lax.dynamic_slice_in_dim(rhs_scale, first, num_groups, axis=1 if transpose_rhs else 0)
+  if rhs_scale_per_group:  # The computed groups' scales, in bounds' order (ones for groups past the end: empty).
+    axis = 1 if transpose_rhs else 0
+    total = rhs_scale.shape[axis]
+    first = 0 if group_offset is None else ops.clip_to_int32(jnp.reshape(jnp.asarray(group_offset), ()), total)
+    padded = jnp.concatenate([rhs_scale, jnp.ones_like(lax.slice_in_dim(rhs_scale, 0, num_groups, axis=axis))], axis)
+    rhs_scale = lax.dynamic_slice_in_dim(padded, first, num_groups, axis=axis)
   (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                    out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group, backend=backend)
   return out
@@ -351,6 +355,8 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
       lhs, rhs, group_sizes, None, transpose_rhs, preferred_element_type, group_offset, None, None, None, config,
       backend)
   fp8_dtype = validation.check_fp8_dtype("fp8_dtype", fp8_dtype)
+  if not isinstance(wgrad_scale, str):
+    raise TypeError(f'wgrad_scale must be a str, "128x1" or "group", got {type(wgrad_scale).__name__}')
   if wgrad_scale not in ("128x1", "group"):
     raise ValueError(f'wgrad_scale must be "128x1" or "group", got {wgrad_scale!r}')
   weights = None

@@ -198,13 +198,14 @@ class Fp8OpsTest(Fp8TestBase):
       self.assert_close(out[b], oracle.masked_gmm(oracle.dequantize(x[b], x_scale[b], "1x128"),
                                                   oracle.dequantize(w, w_scale, "row"), masked_m))
 
-  @parameterized.parameters((False, None), (True, None), (False, 1), (True, 2))
+  @parameterized.parameters((False, None), (True, None), (False, 1), (True, 2), (False, 3), (True, np.array([3])))
   def test_tgmm_rhs_scale_per_group(self, transpose_rhs, group_offset):
     """rhs scaled per group and column (rhs_scale_per_group): each row of rhs takes its group's scales (of the
-    computed groups, group_offset on); lhs per 128 rows of M; empty groups are zeros whatever their scales."""
+    computed groups, group_offset on, an int or an array of shape (1,); groups past the end are empty); lhs per 128
+    rows of M; empty groups are zeros whatever their scales."""
     m, k, n = 300, 129, 20
     sizes = np.array([0, 100, 0, 150, 30], np.int32)  # 20 rows in no group
-    num_groups = 3 if group_offset else None
+    num_groups = 3 if group_offset is not None else None
     lhs, lhs_scale = quantize.quantize(self.normal((m, k)), "128x1")
     rhs_mn = np.asarray(quantize.quantize(self.normal((m, n)), "128x1")[0], np.float32)
     group_scale = np.asarray(self.rng.uniform(0.5, 2.0, (5, n)), np.float32)
@@ -220,7 +221,9 @@ class Fp8OpsTest(Fp8TestBase):
     want, _ = oracle.tgmm(oracle.dequantize(lhs, lhs_scale, "128x1"), rhs_deq, sizes, transpose_lhs=True,
                           group_offset=group_offset, num_actual_groups=num_groups)
     self.assert_close(out, want)
-    for g in np.flatnonzero(sizes[group_offset or 0:][:out.shape[0]] == 0):
+    offset = 0 if group_offset is None else int(np.reshape(group_offset, ()))
+    local_sizes = np.concatenate([sizes, np.zeros(3, np.int32)])[offset:offset + out.shape[0]]
+    for g in np.flatnonzero(local_sizes == 0):
       np.testing.assert_array_equal(out[g], 0.0)
 
   def test_tgmm_vmap_m_contiguous(self):

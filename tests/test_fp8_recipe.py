@@ -278,6 +278,8 @@ class Fp8RecipeTest(parameterized.TestCase):
       jgmm.fp8_gmm(jnp.ones((4, 8)), jnp.ones((1, 8, 4)), jnp.asarray([4]), fp8_dtype=jnp.bfloat16)
     with self.assertRaisesRegex(ValueError, "rhs must have K = 8"):
       jgmm.fp8_gmm(jnp.ones((4, 8)), jnp.ones((1, 7, 4)), jnp.asarray([4]))
+    with self.assertRaisesRegex(TypeError, 'wgrad_scale must be a str, "128x1" or "group", got NoneType'):
+      jgmm.fp8_gmm(jnp.ones((4, 8)), jnp.ones((1, 8, 4)), jnp.asarray([4]), wgrad_scale=None)
     with self.assertRaisesRegex(ValueError, 'wgrad_scale must be "128x1" or "group", got \'1x128\''):
       jgmm.fp8_gmm(jnp.ones((4, 8)), jnp.ones((1, 8, 4)), jnp.asarray([4]), wgrad_scale="1x128")
 

@@ -379,12 +379,13 @@ class GpuTest(QuantizePairTestBase):
     self.assert_kernel_outputs(got, grouped_oracle(x, blocks, 448.0),
                                fp8._quantize_pair_grouped_p(x, blocks, dtype=jnp.float8_e4m3fn, backend="xla"))
 
-  @parameterized.parameters(*GROUPED, dict(sizes=(1000, 0, 3000, 5, 123), m=8192))
-  def test_grouped_kernel_per_group(self, sizes, m):
+  @parameterized.parameters(*GROUPED, dict(sizes=(1000, 0, 3000, 5, 123), m=8192),
+                            dict(GROUPED[0], nonfinite=True))
+  def test_grouped_kernel_per_group(self, sizes, m, nonfinite=False):
     """Scales per group and column (block_column_amax_kernel, then the lanes kernel reading them): the scales the
-    oracle's within an ulp (XLA's division); given them, q, scale and qt's columns of the groups the oracle's bit for
-    bit; q and qt within one FP8 step of the portable backend."""
-    x = self.operand((m, 7168 if m == 8192 else 260))
+    oracle's within an ulp (XLA's division; a NaN's group column NaN, an inf's inf); given them, q, scale and qt's
+    columns of the groups the oracle's bit for bit; q and qt within one FP8 step of the portable backend."""
+    x = self.operand((m, 7168 if m == 8192 else 260), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
     quantized = lambda backend: jax.jit(lambda x, b: fp8._quantize_pair_grouped_p(
         x, b, dtype=jnp.float8_e4m3fn, num_groups=len(sizes), backend=backend))(x, blocks)

@@ -84,14 +84,14 @@ def quantize_pair_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R: tl.constexpr, C
 @triton.jit
 def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, R: tl.constexpr, C: tl.constexpr,
                                  PB: tl.constexpr, FMAX: tl.constexpr, GIVEN_SCALE_T: tl.constexpr = False):
-  """x (R, C) with its rows regrouped into PB blocks of 128 (blocks (2, PB) int32: block b holds rows [first[b],
-  min(first[b] + 128, end[b])), none where first[b] >= end[b]; fp8_gmm's backward gives each group's rows from a
-  block of its own on, so that no block holds rows of two groups). 1x128 blocks: q (R, C) with s (R, CB), as
-  quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB) with st (C, PB): block b's rows as
-  qt's columns [128 b, 128 b + 128), zeros past its rows. GIVEN_SCALE_T: st is an input, qt's scales (e.g. one
-  per group and column, repeated over the group's blocks: fp8_gmm's wgrad_scale="group"), read instead of
-  computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no block are neither read nor
-  written."""
+  """x (R, C) with its rows regrouped into PB blocks of 128 (blocks (2 or 3, PB) int32, of which rows 0 and 1 are
+  read: block b holds rows [first[b], min(first[b] + 128, end[b])), none where first[b] >= end[b]; fp8_gmm's
+  backward gives each group's rows from a block of its own on, so that no block holds rows of two groups). 1x128
+  blocks: q (R, C) with s (R, CB), as quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB)
+  with st (C, PB): block b's rows as qt's columns [128 b, 128 b + 128), zeros past its rows. GIVEN_SCALE_T: st is an
+  input, qt's scales (e.g. one per group and column, repeated over the group's blocks: fp8_gmm's wgrad_scale="group"),
+  read instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no block are
+  neither read nor written."""
   CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
