@@ -79,6 +79,22 @@ def _chained(product, runs):
   return jax.jit(timing.chain(lambda xq, xs, wq, ws, gs: product(xq, wq, gs, xs, ws), runs))
 
 
+def fp8_operands(x, w, groups, recipe):
+  """(xq, x_scale, wq, w_scale, groups) of a case quantised in `recipe` (a config_table.FP8_RECIPES name): the
+  arguments of _chained's products."""
+  x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
+  return (*quantize.quantize(x, x_recipe), *quantize.quantize(w, w_recipe), jnp.asarray(groups))
+
+
+def recipe_cases(wanted=""):
+  """(name, layout, rows, N, K, valid rows, runs, recipe, fp8_operands) of each case of cases(wanted) in each of
+  RECIPES (docs/experiments' A/B scripts)."""
+  for name, layout, g, rows, n, k in cases(wanted):
+    x, w, groups, valid = _case_inputs(layout, g, rows, n, k)
+    for recipe in RECIPES.values():
+      yield name, layout, rows, n, k, valid, _runs(valid, n, k), recipe, fp8_operands(x, w, groups, recipe)
+
+
 def jax_impls(layout, rows, x, w, groups, runs):
   """{impl: fn} of jgmm on one case: FP8 with DeepSeek-V3 blocks (1x128 / 128x128), FP8 per row / per channel,
   bf16; a call of fn runs the product `runs` times (timing.chain). Each fn is functools.partial(jitted function,
@@ -88,9 +104,7 @@ def jax_impls(layout, rows, x, w, groups, runs):
   fp8 = _chained(product, runs)
   impls = {}
   for name, recipe in RECIPES.items():
-    x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
-    impls[f"jgmm_fp8_{name}"] = functools.partial(fp8, *quantize.quantize(x, x_recipe),
-                                                  *quantize.quantize(w, w_recipe), gs)
+    impls[f"jgmm_fp8_{name}"] = functools.partial(fp8, *fp8_operands(x, w, gs, recipe))
   bf16 = jax.jit(timing.chain(lambda x, w, gs: product(x, w, gs, None, None), runs))
   return impls | {"jgmm_bf16": functools.partial(bf16, x, w, gs)}
 

@@ -18,10 +18,9 @@ import tempfile
 from unittest import mock
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jgmm import backend_triton, bench_fp8, config_table, quantize, timing
+from jgmm import backend_triton, bench_fp8, timing
 from jgmm.triton_kernels import gmm_fp8_ws
 
 RHS_COPY = "        if RHS_BLOCKS:\n          copy_rhs_scales("
@@ -68,8 +67,7 @@ if __name__ == "__main__":
       runs = bench_fp8._runs(valid, n, k)
       fns, outs = {}, {}
       for recipe in bench_fp8.RECIPES.values():
-        x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
-        args = (*quantize.quantize(x, x_recipe), *quantize.quantize(w, w_recipe), jnp.asarray(groups))
+        args = bench_fp8.fp8_operands(x, w, groups, recipe)
         for label, module in modules.items() if recipe == "1x128-128x128" else [("rowwise tree", gmm_fp8_ws)]:
           with mock.patch.object(backend_triton, "gmm_fp8_ws", module):  # Read when the function is traced.
             fn = functools.partial(bench_fp8._chained(bench_fp8._product(layout, rows), runs), *args)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgmm import backend_triton, bench_fp8, config_table, quantize, timing
+from jgmm import backend_triton, bench_fp8, timing
 from jgmm.triton_kernels import geometry
 
 
@@ -27,24 +27,20 @@ def tile_scales(lhs_scale, schedule, row_tiles, block_m):
 
 
 table = []
-for name, layout, g, rows, n, k in bench_fp8.cases(sys.argv[1] if len(sys.argv) > 1 else ""):
-  x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
-  runs = bench_fp8._runs(valid, n, k)
-  for recipe in bench_fp8.RECIPES.values():
-    x_recipe, w_recipe = config_table.FP8_RECIPES[recipe]
-    args = (*quantize.quantize(x, x_recipe), *quantize.quantize(w, w_recipe), jnp.asarray(groups))
-    fns, outs = {}, {}
-    for variant, gather in (("before", tile_scales), ("tree", backend_triton._tile_scales)):
-      with mock.patch.object(backend_triton, "_tile_scales", gather):  # Read when the function is traced.
-        fn = functools.partial(bench_fp8._chained(bench_fp8._product(layout, rows), runs), *args)
-        outs[variant] = np.asarray(fn(), np.float32)
-      fns[variant] = (fn, timing.jax_sync)
-    same = np.array_equal(outs["before"], outs["tree"])
-    ms = timing.time_interleaved(fns, min_batch_s=0.05, batches=7)
-    tflops = {v: 2 * valid * n * k * runs / t / 1e9 for v, t in ms.items()}
-    table.append((name, recipe, tflops, same))
-    print(f"{name} {recipe}: " + ", ".join(f"{v} {t:.0f}" for v, t in tflops.items()) + f", same bits {same}",
-          flush=True)
+for name, layout, rows, n, k, valid, runs, recipe, args in bench_fp8.recipe_cases(
+    sys.argv[1] if len(sys.argv) > 1 else ""):
+  fns, outs = {}, {}
+  for variant, gather in (("before", tile_scales), ("tree", backend_triton._tile_scales)):
+    with mock.patch.object(backend_triton, "_tile_scales", gather):  # Read when the function is traced.
+      fn = functools.partial(bench_fp8._chained(bench_fp8._product(layout, rows), runs), *args)
+      outs[variant] = np.asarray(fn(), np.float32)
+    fns[variant] = (fn, timing.jax_sync)
+  same = np.array_equal(outs["before"], outs["tree"])
+  ms = timing.time_interleaved(fns, min_batch_s=0.05, batches=7)
+  tflops = {v: 2 * valid * n * k * runs / t / 1e9 for v, t in ms.items()}
+  table.append((name, recipe, tflops, same))
+  print(f"{name} {recipe}: " + ", ".join(f"{v} {t:.0f}" for v, t in tflops.items()) + f", same bits {same}",
+        flush=True)
 
 print(f"\n{jax.devices()[0].device_kind}: TFLOP/s on the valid rows")
 print("| case | scales | before | tree | ratio | same bits |")
