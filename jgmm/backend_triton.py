@@ -602,10 +602,8 @@ def quantize_pair_grouped(x, blocks, *, dtype, num_groups=None):
     return backend_xla.quantize_pair_grouped(x, blocks, dtype=dtype, num_groups=num_groups)
   if not device.cuda:
     return quantize_pair_grouped_plain(x, blocks, dtype, quantize.FP8_MAX[dtype], num_groups)
-  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, quantize.FP8_MAX[dtype])
-  out = _quantize_pair_lanes(x, blocks, blocks.shape[1] * quantize_kernels.BLOCK.value, dtype,
-                             "jgmm_quantize_pair_grouped_lanes", given_scale_t)
-  return out if num_groups is None else (*out[:3], group_scale_t)
+  return _quantize_pair_lanes(x, blocks, blocks.shape[1] * quantize_kernels.BLOCK.value, dtype,
+                              "jgmm_quantize_pair_grouped_lanes", num_groups)
 
 
 def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax, num_groups=None):
@@ -614,20 +612,16 @@ def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax, num_groups=None):
   with num_groups, qt's scales per group and column (_group_scales), scale_t (C, num_groups)."""
   r, c = x.shape
   block, padded_blocks = quantize_kernels.BLOCK.value, blocks.shape[1]
-  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, fmax)
-  out = _pair_call(x, blocks, given_scale_t, kernel=quantize_kernels.quantize_pair_grouped_kernel,
-                   out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, q_dtype),
-                   grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
-                   name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=fmax)
-  return out if num_groups is None else (*out[:3], group_scale_t)
+  return _pair_call(x, blocks, num_groups, kernel=quantize_kernels.quantize_pair_grouped_kernel,
+                    out_shape=_rowwise_pair_shapes(x, padded_blocks * block, padded_blocks, q_dtype),
+                    grid=(padded_blocks, geometry.cdiv(c, block)), num_warps=quantize_kernels.NUM_WARPS,
+                    name="jgmm_quantize_pair_grouped", R=r, C=c, PB=padded_blocks, FMAX=fmax)
 
 
 def _group_scales(x, blocks, num_groups, fmax):
   """(per block (C, PB), per group (C, num_groups)) float32: the scales of x's columns over each group's rows
-  (backend_xla.group_column_scales of block_column_amax_kernel's maxima; blocks' third row, each block's group);
-  (None, None) without num_groups."""
-  if num_groups is None:
-    return None, None
+  (backend_xla.group_column_scales of block_column_amax_kernel's maxima; blocks' third row, each block's
+  group)."""
   r, c = x.shape
   padded_blocks = blocks.shape[1]
   amax = ffi.triton_call(
@@ -639,16 +633,18 @@ def _group_scales(x, blocks, num_groups, fmax):
   return scales[blocks[2]].T, scales[:num_groups].T
 
 
-def _pair_call(x, blocks, given_scale_t, *, out_shape, **call):
+def _pair_call(x, blocks, num_groups, *, out_shape, **call):
   """(q, scale, qt, scale_t) of a pair kernel (x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, ...): out_shape
-  _rowwise_pair_shapes'; st an output, or given_scale_t read through it (GIVEN_SCALE_T)."""
+  _rowwise_pair_shapes'; st an output, or, with num_groups, _group_scales' per block read through it
+  (GIVEN_SCALE_T) and scale_t its per group (C, num_groups)."""
   q, scale, qt, scale_t = out_shape
-  if given_scale_t is None:
+  if num_groups is None:
     scale_t, q, scale, qt = ffi.triton_call(x, blocks, out_shape=[scale_t, q, scale, qt], **call)
-  else:
-    scale_t, q, scale, qt = ffi.triton_call(x, blocks, given_scale_t, out_shape=[scale_t, q, scale, qt],
-                                            input_output_aliases={2: 0}, GIVEN_SCALE_T=True, **call)
-  return q, scale, qt, scale_t
+    return q, scale, qt, scale_t
+  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, call["FMAX"])
+  _, q, scale, qt = ffi.triton_call(x, blocks, given_scale_t, out_shape=[scale_t, q, scale, qt],
+                                    input_output_aliases={2: 0}, GIVEN_SCALE_T=True, **call)
+  return q, scale, qt, group_scale_t
 
 
 def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
@@ -660,13 +656,13 @@ def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
           jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
 
 
-def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, given_scale_t=None):
+def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, num_groups=None):
   """(q (R, C), scale (R, CB), qt (C, qt_rows), scale_t (C, PB)) of x (R, C) by quantize_pair_grouped_lanes_kernel
-  (CUDA), x's rows in the blocks (2 or 3, PB) int32; given_scale_t as quantize_pair_grouped_plain's."""
+  (CUDA), x's rows in the blocks (2 or 3, PB) int32; num_groups as quantize_pair_grouped_plain's."""
   r, c = x.shape
   cb, padded_blocks = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
   tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
-  return _pair_call(x, blocks, given_scale_t, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
+  return _pair_call(x, blocks, num_groups, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
                     out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype), grid=(cb * padded_blocks,),
                     num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
                     name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],

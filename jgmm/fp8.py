@@ -125,7 +125,7 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
     axis = 1 if transpose_rhs else 0
     total = rhs_scale.shape[axis]
     first = 0 if group_offset is None else ops.clip_to_int32(jnp.reshape(jnp.asarray(group_offset), ()), total)
-    padded = jnp.concatenate([rhs_scale, jnp.ones_like(lax.slice_in_dim(rhs_scale, 0, num_groups, axis=axis))], axis)
+    padded = jnp.pad(rhs_scale, [(0, num_groups if a == axis else 0) for a in range(2)], constant_values=1.0)
     rhs_scale = lax.dynamic_slice_in_dim(padded, first, num_groups, axis=axis)
   (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                    out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group, backend=backend)

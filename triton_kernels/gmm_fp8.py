@@ -291,8 +291,8 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
       acc = _tgmm_fp8_step(acc, lhs_ptr, rhs_ptr, lhs_scale_ptr, rhs_scale_ptr, a_offsets, b_offsets, body_end,
                            start, end, M, ki, ni, k_rows, k_mask, cols, n_mask, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
                            TRANSPOSE_LHS, TRANSPOSE_RHS, True, DOT_PRECISION, RHS_GROUPS)
-    if RHS_GROUPS:  # (Empty groups keep their exact zeros whatever their scales.)
+    if RHS_GROUPS:  # The group's channel scales (empty groups keep their exact zeros whatever their scales).
       if start < end:
-        acc = acc * tl.load(rhs_scale_ptr + tl.cast(g, tl.int64) * N + cols, mask=n_mask, other=0.0)[None, :]
+        acc = scale_epilogue(acc, None, rhs_scale_ptr + tl.cast(g, tl.int64) * N + cols, None, n_mask, True, False)
     out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
     store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)

@@ -28,7 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
+from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, row_channel_scales
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
 from jgmm.triton_kernels.tgmm_ws import group_tile, keep_only
 
@@ -183,10 +183,10 @@ def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step,
 def _group_scaled(acc, rhs_scale_ptr, g, col0, steps, N: gl.constexpr, RHS_GROUPS: gl.constexpr):
   """acc (64, 128) times group g's column scales from col0 on (rhs_scale (G, N)) with RHS_GROUPS where the group has
   rows (steps > 0; an empty group's zeros stay exact whatever its scales), else acc."""
-  if RHS_GROUPS:
+  if RHS_GROUPS:  # As the forward's channel scales (an empty group's acc: zeros times 0).
     cols = col0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, acc.type.layout))
-    scale = gl.load(rhs_scale_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (steps > 0), other=1.0)
-    acc = acc * gl.expand_dims(scale, 0)
+    acc = row_channel_scales(acc, None, rhs_scale_ptr + g.to(gl.int64) * N + cols, None, (cols < N) & (steps > 0),
+                             True, False)
   return acc
 
 
