@@ -270,12 +270,13 @@ class InterpretedTest(QuantizePairTestBase):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
-  @parameterized.parameters(dict(sizes=(0, 1, 127, 129), m=300), GROUPED[2], dict(GROUPED[3], nonfinite=True))
-  def test_grouped_kernel_per_group(self, sizes, m, nonfinite=False):
+  @parameterized.parameters(dict(sizes=(0, 1, 127, 129), m=300, c=100), dict(GROUPED[2], c=100),
+                            dict(GROUPED[3], c=130, nonfinite=True))
+  def test_grouped_kernel_per_group(self, sizes, m, c, nonfinite=False):
     """block_column_amax_kernel and quantize_pair_grouped_kernel reading the group scales: every element and scale
-    against the oracle, bit for bit; a NaN makes its group's column scale and qt column NaN, an inf its scale inf
-    (then zeros and a NaN), other groups unchanged."""
-    x = self.operand((m, 130), nonfinite=nonfinite)
+    against the oracle, bit for bit, one column block or two (a partial one); a NaN makes its group's column scale
+    and qt column NaN, an inf its scale inf (then zeros and a NaN), other groups unchanged."""
+    x = self.operand((m, c), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
     got = jax.jit(lambda x, b: backend_triton.quantize_pair_grouped_plain(x, b, jnp.float32, 448.0, len(sizes)))(
         x, blocks)
