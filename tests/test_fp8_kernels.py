@@ -421,6 +421,22 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     elif m_contiguous and m % 16 == 0:  # Rows of M bytes not 16-byte aligned: no 16-byte copies.
       self.assertIn("cp.async.cg.shared.global", ptx)
 
+  def test_tgmm_rhs_scale_per_group_one_tile(self):
+    """The warp-specialised FP8 tgmm with RHS_GROUPS where K = 64 leaves consumer 1 no rows and N = 104 leaves a
+    256-wide tile no right half: Triton finds those branches dead, and a scale load in them crashed its lowering
+    (session 32, first seen on the GPU)."""
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    k, n, g, m = 64, 104, 12, 3008
+    config = dataclasses.replace(WS, block_n=256, num_stages=3)
+    fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=jnp.float32,
+                                            config=config, rhs_scale_per_group=True)
+    _compile._cache.clear()
+    with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
+      ptxs = self.ptx(fn, s((k, m), f8), s((n, m), f8), s((g + 1,), jnp.int32), s((k, -(-m // 128)), jnp.float32),
+                      s((n, g), jnp.float32), tma=True)
+    self.assert_fp8_wgmma(ptxs)
+    self.assertTrue(ws_call.called)
+
   @parameterized.product(transpose_rhs=(False, True), wgrad_scale=("128x1", "group"))
   def test_recipe_wgrad_scale(self, transpose_rhs, wgrad_scale):
     """fp8_gmm's training step for sm_90: with wgrad_scale="group" the weight gradient's rhs operand (dout, or lhs
