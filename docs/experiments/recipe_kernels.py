@@ -2,8 +2,10 @@
 on the dsv3 cases (issue 15): where the recipe's time goes, fusions and copies included.
 
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
-        python docs/experiments/recipe_kernels.py run > kernels.csv
+        python docs/experiments/recipe_kernels.py run [WGRAD_SCALE] > kernels.csv
     python docs/experiments/recipe_kernels.py table kernels.csv
+
+WGRAD_SCALE: fp8_gmm's wgrad_scale, "128x1" (the default) or "group".
 """
 import collections
 import csv
@@ -26,11 +28,12 @@ import torch  # Its runtime's profiler switch covers the whole process.
 import jgmm
 from jgmm import bench, timing
 
+wgrad_scale = sys.argv[2] if len(sys.argv) > 2 else "128x1"
 for name, m, k, n, g in bench.CASES:
   if name not in ("dsv3-ep8-gateup", "dsv3-ep8-down"):
     continue
   inp = bench.Inputs(m, k, n, g)
-  fp8 = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
+  fp8 = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights, wgrad_scale=wgrad_scale))
   bf16 = bench.fwd_bwd(jgmm.gmm)
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
   weights = jax.jit(jgmm.quantize_weights)(inp.w)
