@@ -56,6 +56,9 @@ def kernel_oracle(x, recipe, fmax):
 
 
 # fp8_gmm's backward's grouped quantisation: sizes of the groups (then the rows after them) and M.
+# The interpreter's cases: CASES cut to one whole and one partial block along each edge (it takes about a second
+# per 128 x 128 program: CI's time).
+INTERPRETED = (dict(shape=(200, 140), recipe="1x128"), CASES[1], dict(shape=(2, 130, 140), recipe="128x128"), CASES[3])
 GROUPED = (dict(sizes=(0, 1, 127, 128, 129, 300), m=1000), dict(sizes=(600, 600), m=1000), dict(sizes=(0, 0), m=130),
            dict(sizes=(256,), m=256))
 
@@ -240,7 +243,7 @@ class InterpretedTest(QuantizePairTestBase):
     self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     os.environ.pop("JGMM_TARGET", None)
 
-  @parameterized.parameters(*CASES, dict(CASES[0], nonfinite=True), dict(CASES[2], nonfinite=True))
+  @parameterized.parameters(*INTERPRETED, dict(INTERPRETED[0], nonfinite=True), dict(INTERPRETED[2], nonfinite=True))
   def test_kernel(self, shape, recipe, nonfinite=False):
     """Every element and scale of both layouts, partial blocks at both edges, all-zero rows; NaN and inf in one case
     per recipe."""
@@ -259,11 +262,12 @@ class InterpretedTest(QuantizePairTestBase):
       np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}, seed {self.seed}")
 
 
-  @parameterized.parameters(*GROUPED, dict(GROUPED[2], nonfinite=True))
-  def test_grouped_kernel(self, sizes, m, nonfinite=False):
-    """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit, 130
-    columns (a partial block); NaN and inf in one case."""
-    x = self.operand((m, 130), nonfinite=nonfinite)
+  @parameterized.parameters(dict(GROUPED[0], c=100), dict(GROUPED[1], c=100), dict(GROUPED[2], c=130),
+                            dict(GROUPED[3], c=130), dict(GROUPED[2], c=130, nonfinite=True))
+  def test_grouped_kernel(self, sizes, m, c, nonfinite=False):
+    """quantize_pair_grouped_kernel: every element and scale of both layouts against the oracle, bit for bit, c
+    columns (a partial block, after a whole one at 130); NaN and inf in one case."""
+    x = self.operand((m, c), nonfinite=nonfinite)
     blocks = blocks_of(sizes, m)
     got = plain_grouped_kernel(x, blocks, jnp.float32)
     for a, b, what in zip(got, grouped_oracle(x, blocks, 448.0), ("q", "scale", "qt", "scale_t")):

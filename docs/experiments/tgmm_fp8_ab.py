@@ -6,7 +6,8 @@ python docs/experiments/tgmm_fp8_ab.py sass|time|ncu KERNEL,...
     optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
     output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them (ALIGNED=1: on
-    fp8_gmm's backward's operands, each group padded to the 128-row grid); ncu (GPU): each
+    fp8_gmm's backward's operands, each group padded to the 128-row grid; GROUP=1 with ALIGNED=1: wgrad_scale="group"'s,
+    dout^T scaled per group and column, the kernels run with RHS_GROUPS); ncu (GPU): each
     kernel once per case after a warm-up, between cudaProfilerStart/Stop, for `ncu --profile-from-start off`
     (docs/experiments/tgmm_fp8_ncu.sh).
 """
@@ -33,6 +34,7 @@ from jgmm.triton_kernels import tgmm_fp8_ws
 
 sys.path.insert(0, os.path.dirname(__file__))
 CONFIG = Config(block_m=128, block_n=256, block_k=128, num_stages=3, warp_specialized=True)
+GROUP = bool(os.environ.get("GROUP"))
 CASES = [case for case in bench.CASES if case[0] in ("dsv3-ep8-gateup", "dsv3-ep8-down")]
 
 
@@ -46,7 +48,8 @@ def config_of(label):
 
 def compiled(module, args, config):
   """The public tgmm under `module`'s kernel, compiled."""
-  op = lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True, config=config)
+  op = lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True, config=config,
+                                       rhs_scale_per_group=GROUP)
   with mock.patch.object(backend_triton, "tgmm_fp8_ws", module):
     return jax.jit(op).trace(*args).lower().compile()
 
@@ -90,8 +93,10 @@ if __name__ == "__main__":
     args = (*q(inp.x), *q(inp.dout), inp.group_sizes)
     if os.environ.get("ALIGNED"):  # fp8_gmm's backward's operands: each group padded to the 128-row grid.
       blocks, padded_sizes = fp8._padded_groups(inp.group_sizes, m)
-      q = jax.jit(lambda a: fp8._quantize_pair_grouped_p(a, blocks, dtype=jnp.float8_e4m3fn, backend=None)[2:])
-      args = (*q(inp.x), *q(inp.dout), padded_sizes)
+      q = jax.jit(lambda a, groups=None: fp8._quantize_pair_grouped_p(a, blocks, dtype=jnp.float8_e4m3fn,
+                                                                      num_groups=groups, backend=None)[2:],
+                  static_argnums=1)
+      args = (*q(inp.x), *q(inp.dout, g if GROUP else None), padded_sizes)
     fns = {label: compiled(module, args, config_of(label)) for label, module in modules.items()}
     if sys.argv[1] == "ncu":
       for f in fns.values():
