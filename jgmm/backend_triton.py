@@ -619,32 +619,30 @@ def quantize_pair_grouped_plain(x, blocks, q_dtype, fmax, num_groups=None):
 
 
 def _group_scales(x, blocks, num_groups, fmax):
-  """(per block (C, PB), per group (C, num_groups)) float32: the scales of x's columns over each group's rows
-  (backend_xla.group_column_scales of block_column_amax_kernel's maxima; blocks' third row, each block's
-  group)."""
-  r, c = x.shape
-  padded_blocks = blocks.shape[1]
-  amax = ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.block_column_amax_kernel,
-      out_shape=jax.ShapeDtypeStruct((padded_blocks, c), jnp.float32),
+  """(num_groups + 1, C) float32: the scales of x's columns over each group's rows (jgmm.quantize's of
+  block_column_amax_kernel's maxima; blocks' third row, each block's group; the last row: the rows after the
+  groups)."""
+  c, padded_blocks = x.shape[1], blocks.shape[1]
+  shape = jax.ShapeDtypeStruct((num_groups + 1, c), jnp.int32)
+  bits = ffi.triton_call(
+      x, blocks, jnp.zeros(shape.shape, shape.dtype), kernel=quantize_kernels.block_column_amax_kernel,
+      out_shape=shape, input_output_aliases={2: 0},
       grid=(padded_blocks, geometry.cdiv(c, quantize_kernels.BLOCK.value)), num_warps=quantize_kernels.NUM_WARPS,
-      name="jgmm_block_column_amax", R=r, C=c, PB=padded_blocks)
-  scales = backend_xla.group_column_scales(amax, blocks[2], num_groups, fmax)
-  return scales[blocks[2]].T, scales[:num_groups].T
+      name="jgmm_block_column_amax", R=x.shape[0], C=c, PB=padded_blocks)
+  return quantize.scale_of_amax(jax.lax.bitcast_convert_type(bits, jnp.float32), fmax)
 
 
 def _pair_call(x, blocks, num_groups, *, out_shape, **call):
   """(q, scale, qt, scale_t) of a pair kernel (x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, ...): out_shape
-  _rowwise_pair_shapes'; st an output, or, with num_groups, _group_scales' per block read through it
-  (GIVEN_SCALE_T) and scale_t its per group (C, num_groups)."""
+  _rowwise_pair_shapes'; st an output, or, with num_groups, _group_scales' read through it (GIVEN_SCALE_T) and
+  scale_t its per group (C, num_groups)."""
   q, scale, qt, scale_t = out_shape
   if num_groups is None:
     scale_t, q, scale, qt = ffi.triton_call(x, blocks, out_shape=[scale_t, q, scale, qt], **call)
     return q, scale, qt, scale_t
-  given_scale_t, group_scale_t = _group_scales(x, blocks, num_groups, call["FMAX"])
-  _, q, scale, qt = ffi.triton_call(x, blocks, given_scale_t, out_shape=[scale_t, q, scale, qt],
-                                    input_output_aliases={2: 0}, GIVEN_SCALE_T=True, **call)
-  return q, scale, qt, group_scale_t
+  scales = _group_scales(x, blocks, num_groups, call["FMAX"])
+  q, scale, qt = ffi.triton_call(x, blocks, scales, out_shape=[q, scale, qt], GIVEN_SCALE_T=True, **call)
+  return q, scale, qt, scales[:num_groups].T
 
 
 def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):

@@ -248,4 +248,4 @@ def group_column_scales(amax, block_groups, num_groups, fmax):
   # NaN by a count, whatever a scatter's max does with it on the platform.
   has_nan = jax.ops.segment_sum(jnp.isnan(amax).astype(jnp.int32), **segments) > 0
   group_amax = jnp.where(has_nan, jnp.nan, group_amax)
-  return jnp.where(group_amax == 0, 1.0, group_amax / fmax)
+  return quantize.scale_of_amax(group_amax, fmax)

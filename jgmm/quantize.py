@@ -73,6 +73,11 @@ def broadcast_scale(scale, recipe, shape):
                 shape)
 
 
+def scale_of_amax(amax, fmax):
+  """A block's scale from its largest magnitude amax: amax / fmax, 1 where amax is 0 (an all-zero block)."""
+  return jnp.where(amax == 0, 1.0, amax / fmax)
+
+
 def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
   """(q, scale): q (x's shape, dtype) = x / scale rounded to FP8, scale float32 (`scale_shape(recipe, x.shape)`).
 
@@ -82,7 +87,7 @@ def quantize(x, recipe, dtype=jnp.float8_e4m3fn):
   fmax = FP8_MAX[dtype]
   split = _split(x.astype(jnp.float32), _blocks(recipe, x.shape))
   amax = jnp.max(jnp.abs(split), axis=tuple(range(1, split.ndim, 2)), keepdims=True, initial=0.0)  # 0: empty
-  scale = jnp.where(amax == 0, 1.0, amax / fmax)
+  scale = scale_of_amax(amax, fmax)
   q = _merge(jnp.clip(split / scale, -fmax, fmax).astype(dtype), x.shape)
   return q, scale.reshape(scale_shape(recipe, x.shape))
 

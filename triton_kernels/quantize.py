@@ -89,9 +89,9 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
   backward gives each group's rows from a block of its own on, so that no block holds rows of two groups). 1x128
   blocks: q (R, C) with s (R, CB), as quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB)
   with st (C, PB): block b's rows as qt's columns [128 b, 128 b + 128), zeros past its rows. GIVEN_SCALE_T: st is an
-  input, qt's scales (e.g. one per group and column, repeated over the group's blocks: fp8_gmm's wgrad_scale="group"),
-  read instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no block are
-  neither read nor written."""
+  input, qt's scales per group and column (G + 1, C) (fp8_gmm's wgrad_scale="group"), block b's read at its group
+  (blocks' third row) instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no
+  block are neither read nor written."""
   CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
@@ -109,7 +109,7 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
   scale = _scale(tl.reduce(tl.abs(x), 1, _nan_max), FMAX)
   tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
   if GIVEN_SCALE_T:
-    scale_t = tl.load(st_ptr + cols.to(tl.int64) * PB + pb, mask=cols < C, other=1.0)
+    scale_t = tl.load(st_ptr + tl.load(blocks_ptr + 2 * PB + pb).to(tl.int64) * C + cols, mask=cols < C, other=1.0)
   else:
     scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
     tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
@@ -123,8 +123,11 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
 
 @triton.jit
 def block_column_amax_kernel(x_ptr, blocks_ptr, amax_ptr, R: tl.constexpr, C: tl.constexpr, PB: tl.constexpr):
-  """amax (PB, C) float32: the largest |x| of each column over the rows of each block of quantize_pair_grouped_kernel
-  (0 for a block without rows; NaN where one is NaN). One program per block and 128 columns: grid (PB, CB)."""
+  """amax (G + 1, C) int32, zeros on entry: the float32 bits of the largest |x| of each column over the rows of each
+  group's blocks of quantize_pair_grouped_kernel (blocks (3, PB): the third row, each block's group in [0, G]), by
+  an atomic integer max per block and column: the bits of non-negative floats order as the floats do, and a NaN's
+  lie above inf's, so a group's column holding a NaN gets a NaN (0 for a group without rows). One program per block
+  and 128 columns: grid (PB, CB)."""
   pb, cb = tl.program_id(0), tl.program_id(1)
   local = tl.arange(0, BLOCK)
   first = tl.load(blocks_ptr + pb)
@@ -135,7 +138,10 @@ def block_column_amax_kernel(x_ptr, blocks_ptr, amax_ptr, R: tl.constexpr, C: tl
   offsets = local.to(OFFSET)[:, None] * C + local[None, :]
   x = tl.load(x_ptr + first.to(tl.int64) * C + cb * BLOCK + offsets, mask=valid[:, None] & (cols < C)[None, :],
               other=0.0)
-  tl.store(amax_ptr + pb.to(tl.int64) * C + cols, tl.reduce(tl.abs(x.to(tl.float32)), 0, _nan_max), mask=cols < C)
+  amax = tl.reduce(tl.abs(x.to(tl.float32)), 0, _nan_max)
+  group = tl.load(blocks_ptr + 2 * PB + pb)
+  tl.atomic_max(amax_ptr + group.to(tl.int64) * C + cols, amax.to(tl.int32, bitcast=True), mask=cols < C,
+                sem="relaxed")
 
 
 # quantize_pair_grouped_lanes_kernel (CUDA): 8 warps at most 128 registers each, two programs per SM. Measured
@@ -175,7 +181,7 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
   columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,). qt (C, RT):
   RT = 128 PB (quantize_pair_grouped_kernel's qt), or R with blocks on the 128-row grid (quantize_pair_kernel's
   1x128 qt: blocks [128 b, R), PB = cdiv(R, 128)); qt's columns past RT are not written. GIVEN_SCALE_T: st is an
-  input, read instead of computed (quantize_pair_grouped_kernel's)."""
+  input (G + 1, C), read at each block's group instead of computed (quantize_pair_grouped_kernel's)."""
   CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
   OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RT) >= 2**31 else gl.int32
   ONE: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])  # A row's or column's scale a thread.
@@ -193,12 +199,12 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
   one = gl.arange(0, BLOCK, layout=ONE)
   scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
   gl.store(s_ptr + (first + one).to(gl.int64) * CB + cb, scale, mask=(first + one >= 0) & (first + one < end))
-  st_ptrs = st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb
   if GIVEN_SCALE_T:
-    scale_t = gl.load(st_ptrs, mask=cb * BLOCK + one < C, other=1.0)
+    group = gl.load(blocks_ptr + 2 * PB + pb)
+    scale_t = gl.load(st_ptr + group.to(gl.int64) * C + cb * BLOCK + one, mask=cb * BLOCK + one < C, other=1.0)
   else:
     scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
-    gl.store(st_ptrs, scale_t, mask=cb * BLOCK + one < C)
+    gl.store(st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb, scale_t, mask=cb * BLOCK + one < C)
   inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
   inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
   dtype: gl.constexpr = q_ptr.dtype.element_ty
