@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+from triton.runtime import interpreter
 
 import jgmm
 from jgmm import backend_triton, backend_xla, ffi, fp8, quantize
@@ -247,6 +248,18 @@ class InterpretedTest(QuantizePairTestBase):
   def test_kernel(self, shape, recipe, nonfinite=False):
     """Every element and scale of both layouts, partial blocks at both edges, all-zero rows; NaN and inf in one case
     per recipe."""
+    self.check_kernel(shape, recipe, nonfinite)
+
+  def test_nan_max_elementwise(self):
+    """test_kernel's NaN and inf case on a small x with the interpreter applying the kernel's combine function
+    _nan_max pair by pair (tests/conftest.py hands its reductions to numpy's max elsewhere)."""
+    ops = interpreter.ReduceOps
+    with mock.patch.object(ops, "apply_impl", getattr(ops.apply_impl, "elementwise", ops.apply_impl)), \
+        mock.patch.object(ops, "generic_reduce", autospec=True, side_effect=ops.generic_reduce) as pairwise:
+      self.check_kernel((130, 7), "1x128", nonfinite=True)
+    self.assertEqual(pairwise.call_count, 4)  # Each of the two programs' rows and columns.
+
+  def check_kernel(self, shape, recipe, nonfinite):
     x = self.operand(shape, nonfinite=nonfinite)
     g, r, c = (1, *shape) if len(shape) == 2 else shape
     rb, cb = -(-r // 128), -(-c // 128)
