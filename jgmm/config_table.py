@@ -489,10 +489,11 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     # docs/perf-notes.md "Session 26"). tgmm_kernel runs the same tiles where it does not take a call (float32, a
     # bias gradient, existing_out).
     config = dataclasses.replace(config, warp_specialized=True)
-  elif key.op in FP8_WS_OPS and key.scale == "row-channel" and _wide_fp8_waves(key) >= 4:
+  elif key.op in FP8_WS_OPS and key.scale == "row-channel" and key.n > 128 and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:
     # +5-14% on contiguous dsv3 shapes, +8% on 32 groups of ~192 rows, -5 to -11% on one group of 1024 rows, whose
-    # 128 or 224 wide tiles fill under two waves). Block scales at 256 wide spill (docs/perf-notes.md).
+    # 128 or 224 wide tiles fill under two waves). Block scales at 256 wide spill (docs/perf-notes.md). Not where
+    # N <= 128: a tile's right half would hold no column of out (computed, never stored).
     config = dataclasses.replace(config, block_n=256, num_stages=3)
   swiglu = key.activation == "swiglu"
   if swiglu:

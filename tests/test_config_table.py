@@ -142,6 +142,14 @@ class LookupTest(TableTestBase):
           self.assertLessEqual(config_table.shared_memory_bytes(op, config, 1, 2 if out == "bfloat16" else 4),
                                config_table.shared_memory_limit(arch))
 
+  def test_heuristic_takes_256_wide_row_channel_fp8_tiles_only_past_128_columns(self):
+    """Row and channel scales on sm90 at 4+ waves of 128 x 256 tiles: 256 wide where N > 128; at N <= 128 a tile's
+    right half would hold no column of out, so 128 wide."""
+    for op in ("gmm_t_fp8", "masked_fp8"):
+      for n, want in ((4096, 256), (129, 256), (128, 128), (104, 128)):
+        k = config_table.make_key(op, "float8_e4m3fn", "bfloat16", 200, 7168, n, 512, scale="row-channel")
+        self.assertEqual(config_table.heuristic_config(k, "sm90").block_n, want, k)
+
   def test_heuristic_takes_the_ws_tgmm_for_the_gmm_backward_layout_on_sm90(self):
     """tgmm with lhs (M, K) read transposed from 256 rows per group on sm90 (measured there): the warp-specialised
     tgmm, at tiles its kernel takes (geometry.tgmm_ws_ok); elsewhere tgmm_kernel's config (ws off)."""

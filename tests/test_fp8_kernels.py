@@ -421,6 +421,26 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     elif m_contiguous and m % 16 == 0:  # Rows of M bytes not 16-byte aligned: no 16-byte copies.
       self.assertIn("cp.async.cg.shared.global", ptx)
 
+  @parameterized.product(masked=(False, True), n=(104, 128))
+  def test_wide_row_scales_without_a_right_half(self, masked, n):
+    """gmm_fp8_ws_kernel with row and channel scales on 256-wide tiles where N <= 128 (no tile has a right half):
+    Triton finds the right half's epilogue dead, and its channel-scale load there crashed its lowering."""
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    g, rows, k = 4, 1000, 256
+    config = dataclasses.replace(WS, block_n=256, num_stages=3)
+    rhs = (s((g, n, k), f8), s((g, n), jnp.float32))
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+      if masked:
+        fn = lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=jnp.bfloat16, expected_m=None, config=config)
+        ptxs = self.ptx(fn, s((g, rows, k), f8), rhs[0], s((g,), jnp.int32), s((g, rows), jnp.float32), rhs[1],
+                        tma=True)
+      else:
+        fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=True, out_dtype=jnp.bfloat16, config=config)
+        ptxs = self.ptx(fn, s((rows, k), f8), rhs[0], s((g + 1,), jnp.int32), s((rows,), jnp.float32), rhs[1],
+                        tma=True)
+    self.assert_fp8_wgmma(ptxs)
+    self.assertTrue(ws_call.called)
+
   def test_tgmm_rhs_scale_per_group_one_tile(self):
     """The warp-specialised FP8 tgmm with RHS_GROUPS where K = 64 leaves consumer 1 no rows and N = 104 leaves a
     256-wide tile no right half: Triton finds those branches dead, and a scale load in them crashed its lowering

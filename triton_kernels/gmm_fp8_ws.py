@@ -191,8 +191,8 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
                                LHS_BLOCKS, RHS_BLOCKS)
       acc = gl.where(gl.expand_dims(row_mask, 1), acc, 0.0)
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, col0, half_store, N, BLOCK, OUT_LAYOUT)
-      if WIDE:
-        if right:
+      if WIDE and N > BLOCK:  # (Where N <= 128 no tile has a right half: Triton 3.6 crashes lowering a load in a
+        if right:             # branch it has proven dead, so none is emitted.)
           cols = cols + BLOCK
           acc_right = row_channel_scales(acc_right, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols,
                                          row_mask, cols < N, LHS_BLOCKS, RHS_BLOCKS)
