@@ -618,13 +618,14 @@ class GpuFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
 
-  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104), block_m=(128, 192))
+  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104, 104), block_m=(128, 192))
   def test_warp_specialized_gmm(self, k, recipes, n, block_m):
     """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles: an empty
     group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with no
-    right half. K = 7 runs the plain kernel (a ValueError for 192-row tiles)."""
+    right half, N = 104 every one (its right half's epilogue is then left out). K = 7 runs the plain kernel (a
+    ValueError for 192-row tiles)."""
     m, groups = 1000, 6
-    config = dataclasses.replace(WS, block_n=256, num_stages=3) if n == 1104 else WS
+    config = dataclasses.replace(WS, block_n=256, num_stages=3) if n in (104, 1104) else WS
     config = dataclasses.replace(WS, block_m=192, num_stages=3) if block_m == 192 else config  # float32 out
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
