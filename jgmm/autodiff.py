@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import ad
 
-from jgmm import activations, partitioning, primitives
+from jgmm import activations, backend_xla, partitioning, primitives
 
 _F32 = jnp.float32
 
@@ -34,22 +34,15 @@ def _aval(x):
   return x.aval if ad.is_undefined_primal(x) else jax.typeof(x)
 
 
-def _row_groups(bounds, m):
-  """(M,) int32 local group of each row, and whether the row is in one."""
-  row = jnp.arange(m)
-  group = jnp.clip(jnp.searchsorted(bounds[1:], row, side="right"), 0, bounds.shape[0] - 2)
-  return group, (row >= bounds[0]) & (row < bounds[-1])
-
-
 def _bias_rows(bias, bounds, m, dtype):
   """(M, N) bias[g] on each row of group g, zeros on rows of no group."""
-  group, in_group = _row_groups(bounds, m)
+  group, in_group = backend_xla.row_groups(bounds, m)
   return jnp.where(in_group[:, None], bias[group], 0).astype(dtype)
 
 
 def _segment_sums(x, bounds):
   """(G, N) float32 sums of the rows of x (M, N) in each group."""
-  group, in_group = _row_groups(bounds, x.shape[0])
+  group, in_group = backend_xla.row_groups(bounds, x.shape[0])
   rows = jnp.where(in_group[:, None], x.astype(_F32), 0)
   return jax.ops.segment_sum(rows, group, num_segments=bounds.shape[0] - 1)
 

@@ -186,6 +186,13 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
                     out_dtype=out_dtype, expected_m=expected_m, config=config)
 
 
+def row_groups(bounds, m):
+  """(M,) int32 local group of each row (clipped into [0, G)), and whether the row is in one."""
+  row = jnp.arange(m)
+  group = jnp.clip(jnp.searchsorted(bounds[1:], row, side="right"), 0, bounds.shape[0] - 2)
+  return group, (row >= bounds[0]) & (row < bounds[-1])
+
+
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
              rhs_scale_per_group=False):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g]: scales per 128 rows
@@ -194,9 +201,7 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   rhs_scale_per_group (rhs_scale (G, N) with rhs (M, N), (N, G) with rhs (N, M))."""
   lhs = quantize.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128")
   if rhs_scale_per_group:  # Each row of M takes its group's scales (rows of no group are not summed).
-    m = rhs.shape[1] if transpose_rhs else rhs.shape[0]
-    group = jnp.clip(jnp.searchsorted(bounds, jnp.arange(m, dtype=bounds.dtype), side="right") - 1, 0,
-                     bounds.shape[0] - 2)
+    group, _ = row_groups(bounds, rhs.shape[1] if transpose_rhs else rhs.shape[0])
     rhs = rhs.astype(jnp.float32) * (rhs_scale[:, group] if transpose_rhs else rhs_scale[group])
   else:
     rhs = quantize.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")

@@ -183,9 +183,9 @@ def _reduce_pipelined(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, acc, step,
 def _group_scaled(acc, rhs_scale_ptr, g, col0, steps, N: gl.constexpr, RHS_GROUPS: gl.constexpr,
                   LIVE: gl.constexpr):
   """acc (64, 128) times group g's column scales from col0 on (rhs_scale (G, N)) with RHS_GROUPS where the group has
-  rows (steps > 0; an empty group's zeros stay exact whatever its scales), else acc. LIVE: whether the caller's branch
-  can run for these K and N at all; Triton 3.6 crashes lowering a load in a branch it has found dead (its pointer
-  has no alignment), so none is emitted there."""
+  rows (steps > 0; an empty group's zeros stay exact whatever its scales), else acc. LIVE: whether this consumer has
+  K rows at all (K > 64 H); Triton 3.6 crashes lowering a load in a branch it has found dead (its pointer has no
+  alignment), so none is emitted there."""
   if RHS_GROUPS and LIVE:  # As the forward's channel scales (an empty group's acc: zeros times 0).
     cols = col0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, acc.type.layout))
     acc = row_channel_scales(acc, None, rhs_scale_ptr + g.to(gl.int64) * N + cols, None, (cols < N) & (steps > 0),
@@ -223,10 +223,10 @@ def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_buf
       row = g * K + ki * BLOCK + H * HALF
       acc = _group_scaled(acc, rhs_scale_ptr, g, ni * BLOCK_N, steps, N, RHS_GROUPS, K > H * HALF)
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_rows, N, BLOCK, OUT_LAYOUT)
-      if WIDE:
+      if WIDE and N > BLOCK:  # (Where N <= 128 no tile has a right half: no load in that dead branch.)
         if ni * BLOCK_N + BLOCK < N:
           acc_right = _group_scaled(acc_right, rhs_scale_ptr, g, ni * BLOCK_N + BLOCK, steps, N, RHS_GROUPS,
-                                    (K > H * HALF) and (N > BLOCK))
+                                    K > H * HALF)
           store_half(out_ptr, out_desc, c_bufs.index(H), acc_right, row, ni * BLOCK_N + BLOCK, half_rows, N, BLOCK,
                      OUT_LAYOUT)
   tma.store_wait(pendings=0)
