@@ -535,43 +535,47 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       DOT_PRECISION=_dot_precision(None))
 
 
-def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group):
-  """out (G, K, N) of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M), bounds (G + 1,), lhs_scale (MB, K), rhs_scale
-  (MB, N), or (G, N) where rhs_scale_per_group."""
+def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group,
+                 transpose_out):
+  """out (G, K, N), or (G, N, K) where transpose_out, of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M), bounds
+  (G + 1,), lhs_scale (MB, K), rhs_scale (MB, N), or (G, N) where rhs_scale_per_group."""
   k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
   layout = gmm_ws.shared_layout
   tiles = num_groups * geometry.cdiv(k, block) * geometry.cdiv(n, config.block_n)
+  out_box = (block, half) if transpose_out else (half, block)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, (half, block), layout=layout((half, block), lhs.dtype.name)),
       ffi.TensorDescriptor(rhs, (config.block_n, block), layout=layout((config.block_n, block), rhs.dtype.name)),
       ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       bounds, rhs_scale,
-      kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, n, k) if transpose_out else (num_groups, k, n), out_dtype),
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
       name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
-      OUT_LAYOUT=layout((half, block), out_dtype.name), RHS_GROUPS=rhs_scale_per_group)
+      OUT_LAYOUT=layout(out_box, out_dtype.name), RHS_GROUPS=rhs_scale_per_group, TRANSPOSE_OUT=transpose_out)
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
-             rhs_scale_per_group=False):
+             rhs_scale_per_group=False, transpose_out=False):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g], scales per 128 rows
   of M, rhs's per group and column where rhs_scale_per_group (backend_xla.tgmm_fp8); empty groups are exact
-  zeros."""
+  zeros. transpose_out: (G, N, K), each out[g] transposed (stored so by the kernels)."""
   n, m = rhs.shape if transpose_rhs else rhs.shape[::-1]
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   num_groups = bounds.shape[0] - 1
   out_dtype = jnp.dtype(out_dtype)
+  out_shape = jax.ShapeDtypeStruct((num_groups, n, k) if transpose_out else (num_groups, k, n), out_dtype)
   if m == 0:
-    return jnp.zeros((num_groups, k, n), out_dtype)
+    return jnp.zeros(out_shape.shape, out_dtype)
   device = _device()
   config = _fp8_config("tgmm_fp8", lhs.dtype, out_dtype, m / num_groups, k, n, num_groups,
                        config_table.TGMM_FP8_RECIPE, config, device, transpose=transpose_lhs)
   if config is None:
     return backend_xla.tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs,
                                 transpose_rhs=transpose_rhs, out_dtype=out_dtype, config=None,
-                                rhs_scale_per_group=rhs_scale_per_group)
+                                rhs_scale_per_group=rhs_scale_per_group, transpose_out=transpose_out)
   tiles = num_groups * geometry.cdiv(k, config.block_m) * geometry.cdiv(n, config.block_n)
   # The kernels read the scales as (cdiv(M, 128), K) and (cdiv(M, 128), N) (a step's as one contiguous row each),
   # or rhs's per group as (G, N).
@@ -579,14 +583,16 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
   if not transpose_lhs and transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype,
                                                         fits=geometry.tgmm_fp8_ws_ok):
-    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group)
+    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group,
+                        transpose_out)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
-      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype), grid=_persistent_grid(tiles, config, device),
+      out_shape=out_shape, grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
       K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
-      TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None), RHS_GROUPS=rhs_scale_per_group)
+      TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None), RHS_GROUPS=rhs_scale_per_group,
+      TRANSPOSE_OUT=transpose_out)
 
 
 def quantize_pair_grouped(x, blocks, *, dtype, num_groups=None):

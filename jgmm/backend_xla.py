@@ -189,16 +189,16 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
 def row_groups(bounds, m):
   """(M,) int32 local group of each row (clipped into [0, G)), and whether the row is in one."""
   row = jnp.arange(m)
-  group = jnp.clip(jnp.searchsorted(bounds[1:], row, side="right"), 0, bounds.shape[0] - 2)
+  group = jnp.clip(jnp.searchsorted(bounds[1:], row, side="right", method="compare_all"), 0, bounds.shape[0] - 2)
   return group, (row >= bounds[0]) & (row < bounds[-1])
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
-             rhs_scale_per_group=False):
+             rhs_scale_per_group=False, transpose_out=False):
   """out (G, K, N)[g] = (lhs * lhs_scale)_KM[:, rows of g] @ (rhs * rhs_scale)_MN[rows of g]: scales per 128 rows
   of M (lhs_scale (cdiv(M, 128), K) with lhs (M, K), (K, cdiv(M, 128)) with lhs (K, M); rhs_scale
   (cdiv(M, 128), N) with rhs (M, N), (N, cdiv(M, 128)) with rhs (N, M)), or rhs's per group and column where
-  rhs_scale_per_group (rhs_scale (G, N) with rhs (M, N), (N, G) with rhs (N, M))."""
+  rhs_scale_per_group (rhs_scale (G, N) with rhs (M, N), (N, G) with rhs (N, M)); transpose_out: (G, N, K)."""
   lhs = quantize.dequantize(lhs, lhs_scale, "128x1" if transpose_lhs else "1x128")
   if rhs_scale_per_group:  # Each row of M takes its group's scales (rows of no group are not summed).
     group, _ = row_groups(bounds, rhs.shape[1] if transpose_rhs else rhs.shape[0])
@@ -206,8 +206,9 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   else:
     rhs = quantize.dequantize(rhs, rhs_scale, "1x128" if transpose_rhs else "128x1")
   rhs = rhs.T if transpose_rhs else rhs
-  return tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
-              config=config)
+  out = tgmm(lhs, rhs, bounds, None, transpose_lhs=transpose_lhs, out_dtype=out_dtype, bias_grad=False,
+             config=config)
+  return jnp.swapaxes(out, 1, 2) if transpose_out else out
 
 
 def quantize_pair(x, *, recipe, dtype):

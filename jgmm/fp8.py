@@ -55,11 +55,11 @@ def _masked_gmm_shapes(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_
 
 
 def _tgmm_shapes(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
-                 rhs_scale_per_group=False):
+                 rhs_scale_per_group=False, transpose_out=False):
   del lhs_scale, rhs_scale, config, rhs_scale_per_group
   k = lhs.shape[1] if transpose_lhs else lhs.shape[0]
   n = rhs.shape[0] if transpose_rhs else rhs.shape[1]
-  return [jax.core.ShapedArray((bounds.shape[0] - 1, k, n), out_dtype)]
+  return [jax.core.ShapedArray((bounds.shape[0] - 1, *((n, k) if transpose_out else (k, n))), out_dtype)]
 
 
 def _quantize_pair_shapes(x, *, recipe, dtype):
@@ -110,13 +110,15 @@ def masked_gmm(x, w, masked_m, *, x_scale, w_scale, preferred_element_type=None,
 
 def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, transpose_rhs=False,
          preferred_element_type=None, group_offset=None, num_actual_groups=None, existing_out=None, bias_grad=False,
-         precision=None, config=None, backend=None, rhs_scale_per_group: bool = False):
+         precision=None, config=None, backend=None, rhs_scale_per_group: bool = False, transpose_out: bool = False):
   """jgmm.tgmm with FP8 lhs (K, M) / (M, K) and rhs (M, N) / (N, M), scales along M: see the module docstring
   (lhs (K, M) and rhs (N, M) are the fast layouts on Hopper). rhs_scale_per_group: rhs_scale holds one scale per
   group of group_sizes and column instead, (G, N) for rhs (M, N) or (N, G) for rhs (N, M) (fp8_gmm's
   wgrad_scale="group"; the kernels apply it once per output tile, not per 128 rows, so an inf scale meets the
   tile's sum: inf, or NaN where that sum is 0, where the portable backend, scaling rhs first, gives NaN wherever a
-  product is 0). existing_out, bias_grad and precision are not supported with FP8 (a clear error)."""
+  product is 0). transpose_out: return (G, N, K), each out[g] transposed (the kernels store their tiles so; fp8_gmm's
+  weight gradient where the operand scaled per group is the other one than its layout's rhs). existing_out,
+  bias_grad and precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
       group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend, rhs_scale_per_group)
@@ -128,7 +130,8 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
     padded = jnp.pad(rhs_scale, [(0, num_groups if a == axis else 0) for a in range(2)], constant_values=1.0)
     rhs_scale = lax.dynamic_slice_in_dim(padded, first, num_groups, axis=axis)
   (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
-                   out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group, backend=backend)
+                   out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group,
+                   transpose_out=bool(transpose_out), backend=backend)
   return out
 
 
@@ -143,7 +146,7 @@ class _RecipeStatic(NamedTuple):
   fp8_dtype: jnp.dtype
   config: object
   backend: str | None
-  wgrad_scale: str
+  wgrad_group_operand: str | None  # wgrad_scale="group": the operand ("lhs" or "dout") scaled per group; else None.
 
 
 def quantize_pair(x: jax.Array, recipe: str, dtype=jnp.float8_e4m3fn, *, backend: str | None = None):
@@ -236,7 +239,8 @@ def _padded_groups(group_sizes, m):
   padded_sizes = -(-(edges[1:] - edges[:-1]) // 128) * 128
   padded = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(padded_sizes, dtype=jnp.int32)])
   column = 128 * jnp.arange(padded_blocks, dtype=jnp.int32)  # Each block's first padded row.
-  run = jnp.clip(jnp.searchsorted(padded, column, side="right") - 1, 0, num_groups)
+  # compare_all: one fused comparison, where the default binary search is a while loop (12 small GPU kernels).
+  run = jnp.clip(jnp.searchsorted(padded, column, side="right", method="compare_all") - 1, 0, num_groups)
   used = column < padded[-1]  # Blocks past the padded rows hold none: (0, 0).
   blocks = jnp.stack([jnp.where(used, edges[run] + column - padded[run], 0), jnp.where(used, edges[run + 1], 0),
                       jnp.where(used, run, num_groups)])
@@ -253,9 +257,9 @@ def _quantize_rows(x, padding, s, per_group=False):
 
 
 def _group_scaled(s, padding, operand):
-  """Whether the weight gradient's `operand` ("lhs" or "dout") is quantised per group and column: wgrad_scale
-  "group" gives that to the tgmm's rhs (lhs^T where transpose_rhs, else dout^T), where the groups are padded."""
-  return s.wgrad_scale == "group" and padding is not None and (operand == "lhs") == s.transpose_rhs
+  """Whether the weight gradient's `operand` ("lhs" or "dout") is quantised per group and column (wgrad_scale
+  "group", where the groups are padded)."""
+  return padding is not None and s.wgrad_group_operand is not None and operand == s.wgrad_group_operand
 
 
 def _gmm_t(lhs_q, lhs_scale, rhs_nk, rhs_nk_scale, group_sizes, group_offset, out_dtype, s, config=None):
@@ -297,13 +301,17 @@ def _fp8_gmm_bwd(s, residuals, dout):
   dout_q, dout_scale, dout_t, dout_t_scale = _quantize_rows(dout, padding, s, _group_scaled(s, padding, "dout"))
   dlhs = _gmm_t(dout_q, dout_scale, rhs_kn, rhs_kn_scale, group_sizes, group_offset, s.lhs_dtype, s)
   # drhs = lhs[rows]^T @ dout[rows] per group, contracting M: lhs^T (K, M) and dout^T (N, M), M-contiguous, the
-  # K-major layout FP8 tgmm reads at speed (each group's rows from a multiple of 128 on where padded).
-  a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if s.transpose_rhs else
+  # K-major layout FP8 tgmm reads at speed (each group's rows from a multiple of 128 on where padded). The tgmm's
+  # rhs is the operand scaled per group, if any (its scales are the output tile's column scales), else the one of
+  # the weights' layout; it stores its tiles transposed where the two differ.
+  per_group = _group_scaled(s, padding, s.wgrad_group_operand)
+  rhs_is_lhs = s.wgrad_group_operand == "lhs" if per_group else s.transpose_rhs
+  a, a_scale, b, b_scale = ((dout_t, dout_t_scale, lhs_t, lhs_t_scale) if rhs_is_lhs else
                             (lhs_t, lhs_t_scale, dout_t, dout_t_scale))
   drhs = tgmm(a, b, group_sizes if padding is None else padding[1], lhs_scale=a_scale, rhs_scale=b_scale,
               transpose_rhs=True, preferred_element_type=s.lhs_dtype, group_offset=group_offset,
-              num_actual_groups=rhs_kn.shape[0], backend=s.backend,
-              rhs_scale_per_group=_group_scaled(s, padding, "lhs" if s.transpose_rhs else "dout"))
+              num_actual_groups=rhs_kn.shape[0], backend=s.backend, rhs_scale_per_group=per_group,
+              transpose_out=rhs_is_lhs != s.transpose_rhs)
   return dlhs, drhs, None, None, None  # No cotangent for the FP8 weights: rhs's is drhs.
 
 
@@ -339,12 +347,14 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
       be made from this rhs: a stale one gives the products of the weights it was made from. Under differentiation
       the results are those without it bit for bit (both quantise rhs by quantize_pair); the forward alone may
       differ by one FP8 step per element (quantize_pair against jgmm.quantize, see quantize_pair).
-    wgrad_scale: "128x1" (DeepSeek-V3's) or "group": the weight gradient's second operand (dout^T, or lhs^T where
-      transpose_rhs) takes one scale per group and column instead of one per 128 rows and column, where the groups
-      are padded (M >= 512 G; elsewhere "128x1"). Its FP8 tgmm then multiplies each step's product by the row
-      scales alone and the column scales once per tile: 1.48x faster on an H100 at the dsv3 shapes, for a first
-      pass over that operand (its group maxima) and a coarser scale (dW ~6-15% more error than 128x1 against
-      float64 on outlier tokens, within the FP8 product's own ~3%: docs/perf-notes.md, sessions 29 and 31).
+    wgrad_scale: "128x1" (DeepSeek-V3's) or "group": one of the weight gradient's operands takes one scale per
+      group and column instead of one per 128 rows and column, where the groups are padded (M >= 512 G; elsewhere
+      "128x1"): the narrower, lhs^T where K < N, dout^T where N < K (on a tie dout^T for rhs (G, K, N), lhs^T for
+      (G, N, K)). Its FP8 tgmm then multiplies each step's product by the other operand's scales alone and the
+      group's once per tile (storing the tile transposed where the weights' layout asks): 1.48x faster on an H100
+      at the dsv3 shapes, for a first pass over that operand (its group maxima) and a coarser scale (dW ~6-15% more
+      error than 128x1 against float64 on outlier tokens, within the FP8 product's own ~3%: docs/perf-notes.md,
+      sessions 29 and 31).
     config, backend: as for gmm (config applies to the forward product).
 
   Returns:
@@ -363,6 +373,9 @@ def fp8_gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose
   if rhs_fp8 is not None:
     validation.check_fp8_weights(rhs_fp8, Fp8Weights, rhs.shape[0], k, n, transpose_rhs, fp8_dtype)
     weights = (rhs_fp8.nk, rhs_fp8.nk_scale, rhs_fp8.kn, rhs_fp8.kn_scale)
-  s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend, wgrad_scale)
+  group_operand = None  # The narrower (fewer bytes for the pass that takes its group maxima); on a tie, the layout's.
+  if wgrad_scale == "group":
+    group_operand = "lhs" if k < n or (k == n and transpose_rhs) else "dout"
+  s = _RecipeStatic(transpose_rhs, out_dtype, jnp.dtype(lhs.dtype), fp8_dtype, config, backend, group_operand)
   offset = None if group_offset is None else jnp.asarray(group_offset, jnp.int32)  # An operand of the custom_vjp.
   return _fp8_gmm(lhs, rhs, group_sizes, offset, weights, s)

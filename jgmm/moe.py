@@ -142,9 +142,10 @@ def _masked_layout(rows, group_sizes, max_rows):
 
 def _from_masked_layout(y, group_sizes, num_rows):
   """(E, max_rows, N) per-expert outputs -> sorted rows (num_rows, N); rows past the groups are 0."""
-  starts = jnp.cumsum(group_sizes) - group_sizes
+  ends = jnp.cumsum(group_sizes)
+  starts = ends - group_sizes
   row = jnp.arange(num_rows, dtype=jnp.int32)
-  expert = jnp.clip(jnp.searchsorted(jnp.cumsum(group_sizes), row, side="right"), 0, y.shape[0] - 1)
+  expert = jnp.clip(jnp.searchsorted(ends, row, side="right", method="compare_all"), 0, y.shape[0] - 1)
   slot = row - starts[expert]
   return jnp.where((slot < y.shape[1])[:, None], y[expert, jnp.minimum(slot, y.shape[1] - 1)], 0)
 
@@ -255,7 +256,8 @@ def _source_expert_ids(chunk_starts, chunk_sizes, local_experts, num_rows):
   chunk_sizes[c] rows.
   """
   row = jnp.arange(num_rows, dtype=jnp.int32)
-  chunk = jnp.clip(jnp.searchsorted(chunk_starts, row, side="right") - 1, 0, chunk_starts.shape[0] - 1)
+  chunk = jnp.searchsorted(chunk_starts, row, side="right", method="compare_all") - 1
+  chunk = jnp.clip(chunk, 0, chunk_starts.shape[0] - 1)
   inside = row < chunk_starts[chunk] + chunk_sizes[chunk]
   return jnp.where(inside, chunk % local_experts, local_experts).astype(jnp.int32)
 
@@ -333,6 +335,6 @@ def expert_parallel_moe_mlp(x, router_logits, w_gate_up, w_down, top_k: int, *, 
   else:
     returned = lax.all_to_all(results.reshape(axis_size, num_rows, -1), axis_name, 0, 0)
     row = jnp.arange(num_rows, dtype=jnp.int32)
-    dest = jnp.clip(jnp.searchsorted(jnp.cumsum(send_sizes), row, side="right"), 0, axis_size - 1)
+    dest = jnp.clip(jnp.searchsorted(jnp.cumsum(send_sizes), row, side="right", method="compare_all"), 0, axis_size - 1)
     sorted_y = returned[dest, jnp.clip(row - send_offsets[me, dest], 0, num_rows - 1)]
   return _combine(unpermute(sorted_y, permutation, weights), x, shared_experts, activation)

@@ -4,6 +4,7 @@ The oracle is the float64 product of the dequantised operands (q * scale, jgmm.o
 checked to float32 accuracy with float32 output; DeepGEMM's criterion 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3
 checks the FP8 result against the product of the unquantised inputs.
 """
+import functools
 import secrets
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import oracle, quantize
+from jgmm import fp8, oracle, quantize
 
 try:
   shard_map = jax.shard_map
@@ -198,11 +199,13 @@ class Fp8OpsTest(Fp8TestBase):
       self.assert_close(out[b], oracle.masked_gmm(oracle.dequantize(x[b], x_scale[b], "1x128"),
                                                   oracle.dequantize(w, w_scale, "row"), masked_m))
 
-  @parameterized.parameters((False, None), (True, None), (False, 1), (True, 2), (False, 3), (True, np.array([3])))
-  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, group_offset):
+  @parameterized.parameters((False, None, False), (True, None, False), (False, 1, False), (True, 2, False),
+                            (False, 3, False), (True, np.array([3]), False), (True, None, True), (False, 1, True))
+  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, group_offset, transpose_out):
     """rhs scaled per group and column (rhs_scale_per_group): each row of rhs takes its group's scales (of the
     computed groups, group_offset on, an int or an array of shape (1,); groups past the end are empty); lhs per 128
-    rows of M; empty groups are zeros whatever their scales."""
+    rows of M; empty groups are zeros whatever their scales. transpose_out (jgmm.fp8.tgmm's, fp8_gmm's weight
+    gradient's): each group's result transposed, (G, N, K)."""
     m, k, n = 300, 129, 20
     sizes = np.array([0, 100, 0, 150, 30], np.int32)  # 20 rows in no group
     num_groups = 3 if group_offset is not None else None
@@ -211,10 +214,12 @@ class Fp8OpsTest(Fp8TestBase):
     group_scale = np.asarray(self.rng.uniform(0.5, 2.0, (5, n)), np.float32)
     group_scale[[0, 2]] = np.nan  # The empty groups'.
     rhs = jnp.asarray(rhs_mn.T if transpose_rhs else rhs_mn, jnp.float8_e4m3fn)
-    out = jgmm.tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale,
-                    rhs_scale=jnp.asarray(group_scale.T if transpose_rhs else group_scale), transpose_lhs=True,
-                    transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, group_offset=group_offset,
-                    num_actual_groups=num_groups, rhs_scale_per_group=True, backend=self.backend)
+    tgmm = functools.partial(fp8.tgmm, transpose_out=True) if transpose_out else jgmm.tgmm
+    out = tgmm(lhs, rhs, jnp.asarray(sizes), lhs_scale=lhs_scale,
+               rhs_scale=jnp.asarray(group_scale.T if transpose_rhs else group_scale), transpose_lhs=True,
+               transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32, group_offset=group_offset,
+               num_actual_groups=num_groups, rhs_scale_per_group=True, backend=self.backend)
+    out = np.swapaxes(out, 1, 2) if transpose_out else out
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     group_of_row = np.clip(np.searchsorted(bounds, np.arange(m), side="right") - 1, 0, len(sizes) - 1)
     rhs_deq = rhs_mn.astype(np.float64) * np.nan_to_num(group_scale)[group_of_row]  # Empty groups: no row.

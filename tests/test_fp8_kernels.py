@@ -20,7 +20,7 @@ import triton
 from absl.testing import absltest, parameterized
 
 import jgmm
-from jgmm import backend_triton, oracle, quantize
+from jgmm import backend_triton, fp8, oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm_fp8
@@ -67,10 +67,11 @@ def run_masked(x, w, masked_m, x_scale, w_scale, *, out_dtype=jnp.float32, confi
 
 
 def run_tgmm(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs=False, out_dtype=jnp.float32,
-             config=SMALL, rhs_scale_per_group=False):
+             config=SMALL, rhs_scale_per_group=False, transpose_out=False):
   fn = jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                                                   out_dtype=out_dtype, config=config,
-                                                  rhs_scale_per_group=rhs_scale_per_group))
+                                                  rhs_scale_per_group=rhs_scale_per_group,
+                                                  transpose_out=transpose_out))
   return fn(lhs, rhs, jnp.asarray(bounds, jnp.int32), lhs_scale, rhs_scale)
 
 
@@ -146,10 +147,12 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     for g in np.flatnonzero(np.diff(bounds) == 0):
       np.testing.assert_array_equal(out[g], 0.0)
 
-  @parameterized.parameters((False, 40, 24), (True, 7, 33), (True, 130, 16))
-  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, k, n):
+  @parameterized.parameters((False, 40, 24, False), (True, 7, 33, False), (True, 130, 16, False), (True, 40, 33, True),
+                            (False, 130, 16, True))
+  def test_tgmm_rhs_scale_per_group(self, transpose_rhs, k, n, transpose_out):
     """rhs scaled per group and column (RHS_GROUPS): each step's product times its row scales alone, the tile times
-    its group's column scales once; empty groups (NaN scales) stay exact zeros."""
+    its group's column scales once; empty groups (NaN scales) stay exact zeros. transpose_out: the tiles stored
+    transposed (TRANSPOSE_OUT), out (G, N, K)."""
     m, bounds = 300, np.array([10, 10, 150, 151, 290], np.int32)
     lhs_mk, lhs_mk_scale = self.quantized((m, k), "128x1", jnp.float32)
     rhs_mn = np.asarray(self.quantized((m, n), "128x1", jnp.float32)[0])
@@ -157,7 +160,8 @@ class InterpretedFp8Test(Fp8KernelTestBase):
     group_scale[0] = np.nan  # The empty group's.
     rhs, rhs_scale = (rhs_mn.T, group_scale.T) if transpose_rhs else (rhs_mn, group_scale)
     out = run_tgmm(lhs_mk.T, jnp.asarray(rhs), bounds, lhs_mk_scale.T, jnp.asarray(rhs_scale), transpose_lhs=False,
-                   transpose_rhs=transpose_rhs, rhs_scale_per_group=True)
+                   transpose_rhs=transpose_rhs, rhs_scale_per_group=True, transpose_out=transpose_out)
+    out = np.swapaxes(out, 1, 2) if transpose_out else out
     group_of_row = np.clip(np.searchsorted(bounds, np.arange(m), side="right") - 1, 0, 3)
     sizes, offset = groups_of(bounds)
     want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_mk_scale, "128x1"),
@@ -441,15 +445,18 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(ptxs)
     self.assertTrue(ws_call.called)
 
-  def test_tgmm_rhs_scale_per_group_one_tile(self):
+  @parameterized.parameters((64, 104, 256, False), (64, 104, 256, True), (1000, 520, 128, True),
+                            (1000, 520, 256, True))
+  def test_tgmm_rhs_scale_per_group_one_tile(self, k, n, block_n, transpose_out):
     """The warp-specialised FP8 tgmm with RHS_GROUPS where K = 64 leaves consumer 1 no rows and N = 104 leaves a
     256-wide tile no right half: Triton finds those branches dead, and a scale load in them crashed its lowering
-    (session 32, first seen on the GPU)."""
+    (session 32, first seen on the GPU); and with its tiles stored transposed (TRANSPOSE_OUT), at those shapes and
+    at partial tiles of both widths."""
     s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
-    k, n, g, m = 64, 104, 12, 3008
-    config = dataclasses.replace(WS, block_n=256, num_stages=3)
+    g, m = 12, 3008
+    config = dataclasses.replace(WS, block_n=block_n, num_stages=3)
     fn = lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=jnp.float32,
-                                            config=config, rhs_scale_per_group=True)
+                                            config=config, rhs_scale_per_group=True, transpose_out=transpose_out)
     _compile._cache.clear()
     with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
       ptxs = self.ptx(fn, s((k, m), f8), s((n, m), f8), s((g + 1,), jnp.int32), s((k, -(-m // 128)), jnp.float32),
@@ -457,13 +464,17 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(ptxs)
     self.assertTrue(ws_call.called)
 
-  @parameterized.product(transpose_rhs=(False, True), wgrad_scale=("128x1", "group"))
-  def test_recipe_wgrad_scale(self, transpose_rhs, wgrad_scale):
-    """fp8_gmm's training step for sm_90: with wgrad_scale="group" the weight gradient's rhs operand (dout, or lhs
-    where transpose_rhs) takes block_column_amax_kernel's pass and the lanes kernel reading its scales, and the FP8
-    tgmm is the warp-specialised kernel with RHS_GROUPS; with "128x1" neither."""
+  @parameterized.parameters(
+      *[dict(transpose_rhs=t, wgrad_scale="128x1", k=2048, n=1024) for t in (False, True)],
+      *[dict(transpose_rhs=t, wgrad_scale="group", k=k, n=n) for t in (False, True) for k, n in ((2048, 1024),
+                                                                                                (1024, 2048))])
+  def test_recipe_wgrad_scale(self, transpose_rhs, wgrad_scale, k, n):
+    """fp8_gmm's training step for sm_90: with wgrad_scale="group" the narrower of the weight gradient's operands
+    (dout where N < K, lhs where K < N) takes block_column_amax_kernel's pass and the lanes kernel reading its
+    scales, and the FP8 tgmm is the warp-specialised kernel with RHS_GROUPS, storing its tiles transposed where
+    that operand is not the one of the weights' layout (dout for (G, K, N)); with "128x1" neither."""
     s = jax.ShapeDtypeStruct
-    g, k, n, m = 8, 2048, 1024, 8192
+    g, m = 8, 8192
     fn = lambda x, w, gs, d: jax.vjp(lambda x, w: jgmm.fp8_gmm(x, w, gs, transpose_rhs=transpose_rhs,
                                                                wgrad_scale=wgrad_scale), x, w)[1](d)
     _compile._cache.clear()
@@ -480,6 +491,7 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assertEqual(sorted(lanes), [False, group])  # lhs's and dout's; one reads the group scales.
     (tgmm_flags,) = [flags for name, flags in calls if name == "tgmm_fp8_ws_kernel"]
     self.assertEqual(tgmm_flags.get("RHS_GROUPS", False), group)
+    self.assertEqual(tgmm_flags.get("TRANSPOSE_OUT", False), group and (k < n) != transpose_rhs)
     for compiled in _compile._cache.values():
       self.assertIn(".target sm_90a", compiled.asm["ptx"])
 
@@ -673,10 +685,11 @@ class GpuFp8Test(Fp8KernelTestBase):
     self.assert_close(out, want, GPU_TOL if out_dtype == jnp.float32 else 1e-2)
     np.testing.assert_array_equal(out[sizes == 0], 0.0)
 
-  @parameterized.product(k=(64, 1000), n=(104, 520), tiling=((128, 4), (256, 3)))
-  def test_warp_specialized_tgmm_rhs_scale_per_group(self, k, n, tiling):
+  @parameterized.product(k=(64, 1000), n=(104, 520), tiling=((128, 4), (256, 3)), transpose_out=(False, True))
+  def test_warp_specialized_tgmm_rhs_scale_per_group(self, k, n, tiling, transpose_out):
     """tgmm_fp8_ws_kernel with rhs scaled per group and column (RHS_GROUPS): test_warp_specialized_tgmm's groups
-    and NaN rows after them; an empty group's NaN scales leave its zeros exact."""
+    and NaN rows after them; an empty group's NaN scales leave its zeros exact. transpose_out: its tiles stored
+    transposed (TRANSPOSE_OUT), out (G, N, K)."""
     block_n, stages = tiling
     m = 3008
     sizes = np.array([0, 1, 127, 128, 129, 300, 5, 3, 0, 700, self.rng.integers(1, 1000), 0], np.int32)
@@ -690,12 +703,15 @@ class GpuFp8Test(Fp8KernelTestBase):
     want, _ = oracle.tgmm(oracle.dequantize(lhs_mk, lhs_scale, "128x1"), rhs_deq, sizes, transpose_lhs=True)
     lhs_nan = jnp.where(jnp.arange(m)[:, None] >= m - 40, jnp.nan, lhs_mk.astype(jnp.float32)).astype(lhs_mk.dtype)
     config = dataclasses.replace(WS, block_n=block_n, num_stages=stages)
-    fn = jax.jit(lambda *a: jgmm.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
-                                      preferred_element_type=jnp.float32, config=config, rhs_scale_per_group=True))
+    fn = jax.jit(lambda *a: fp8.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
+                                     preferred_element_type=jnp.float32, config=config, rhs_scale_per_group=True,
+                                     transpose_out=transpose_out))
     with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:
       out = np.asarray(self.poisoned(fn, lhs_nan.T, rhs_mn.T, jnp.asarray(sizes), lhs_scale.T,
                                      jnp.asarray(group_scale.T)), np.float32)
     self.assertTrue(ws_call.called)
+    self.assertEqual(out.shape, (len(sizes), n, k) if transpose_out else (len(sizes), k, n))
+    out = np.swapaxes(out, 1, 2) if transpose_out else out
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[sizes == 0], 0.0)
 

@@ -34,7 +34,9 @@ class Fp8RecipeTest(parameterized.TestCase):
       dict(m=256, k=256, n=128, transpose_rhs=False, group_offset=1),
       dict(m=2048, k=256, n=128, transpose_rhs=True, group_offset=1),  # lhs^T / dout^T with groups padded
       dict(m=2048, k=256, n=128, transpose_rhs=False, group_offset=1, wgrad_scale="group"),
-      dict(m=2048, k=256, n=128, transpose_rhs=True, group_offset=None, wgrad_scale="group"))
+      dict(m=2048, k=256, n=128, transpose_rhs=True, group_offset=None, wgrad_scale="group"),
+      dict(m=2048, k=128, n=256, transpose_rhs=False, group_offset=None, wgrad_scale="group"),
+      dict(m=2048, k=128, n=256, transpose_rhs=True, group_offset=1, wgrad_scale="group"))
   def test_forward_and_grads_follow_bf16(self, m, k, n, transpose_rhs, group_offset, wgrad_scale=None):
     groups = 3
     lhs = self.normal((m, k))
@@ -97,19 +99,21 @@ class Fp8RecipeTest(parameterized.TestCase):
       else:
         self.assertGreater(error, 0.2, f"seed {self.seed}")
 
-  @parameterized.parameters(False, True)
-  def test_weight_gradient_per_group(self, transpose_rhs):
-    """wgrad_scale="group": the weight gradient's rhs operand (dout^T, or lhs^T where transpose_rhs) is quantised
-    with one scale per group and column. In group 2 that operand's rows after its first 128 are 1e-6 times the
-    others (the other operand's 1e6 times: their products weigh as much): on the group's scale they round to zero,
-    on their own 128-row blocks' they do not. drhs against float64 oracles of both: close to the per-group one, far
-    from the 128x1 one at group 2; dlhs and the forward are those of "128x1"."""
-    m, k, n, sizes = 2400, 160, 136, np.array([500, 0, 1100, 600], np.int32)
+  @parameterized.product(transpose_rhs=(False, True), kn=((160, 136), (136, 160)))
+  def test_weight_gradient_per_group(self, transpose_rhs, kn):
+    """wgrad_scale="group": the narrower of the weight gradient's operands (dout^T where N < K, lhs^T where K < N;
+    in either weights' layout, the tgmm storing its tiles transposed where needed) is quantised with one scale per
+    group and column. In group 2 that operand's rows after its first 128 are 1e-6 times the others (the other
+    operand's 1e6 times: their products weigh as much): on the group's scale they round to zero, on their own
+    128-row blocks' they do not. drhs against float64 oracles of both: close to the per-group one, far from the
+    128x1 one at group 2; dlhs and the forward are those of "128x1"."""
+    (k, n), m, sizes = kn, 2400, np.array([500, 0, 1100, 600], np.int32)
+    lhs_grouped = k < n
     rows = np.arange(m)[:, None]
     tiny = (rows >= 628) & (rows < 1600)  # Group 2's rows (500-1600) after its first 128.
     coarse, fine = (1e-6 * tiny + (1 - tiny)), (1e6 * tiny + (1 - tiny))
-    lhs = self.normal((m, k), jnp.float32) * (coarse if transpose_rhs else fine)
-    dout = self.normal((m, n), jnp.float32) * (fine if transpose_rhs else coarse)
+    lhs = self.normal((m, k), jnp.float32) * (coarse if lhs_grouped else fine)
+    dout = self.normal((m, n), jnp.float32) * (fine if lhs_grouped else coarse)
     rhs = self.normal((4, n, k) if transpose_rhs else (4, k, n), jnp.float32)
     run = lambda scale: jax.jit(jax.vjp(lambda l, r: jgmm.fp8_gmm(
         l, r, jnp.asarray(sizes), transpose_rhs=transpose_rhs, wgrad_scale=scale, backend=self.backend),
@@ -129,8 +133,8 @@ class Fp8RecipeTest(parameterized.TestCase):
     for per_group in (True, False):
       want = np.zeros_like(drhs)
       for g, (first, last) in enumerate(zip(starts[:-1], starts[1:])):
-        a = deq_t(lhs, first, last, per_group and transpose_rhs)
-        b = deq_t(dout, first, last, per_group and not transpose_rhs)
+        a = deq_t(lhs, first, last, per_group and lhs_grouped)
+        b = deq_t(dout, first, last, per_group and not lhs_grouped)
         want[g] = (b @ a.T) if transpose_rhs else (a @ b.T)
       error = np.abs(drhs[2] - want[2]).max() / np.abs(want[2]).max()
       if per_group:

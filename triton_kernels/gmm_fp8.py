@@ -235,9 +235,10 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
                     K: tl.constexpr, N: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     TRANSPOSE_LHS: tl.constexpr, TRANSPOSE_RHS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    RHS_GROUPS: tl.constexpr = False):
+                    RHS_GROUPS: tl.constexpr = False, TRANSPOSE_OUT: tl.constexpr = False):
   """out[g] (K, N) = lhs_KM[:, rows of g] @ rhs_MN[rows of g], scaled per 128 rows (module docstring); RHS_GROUPS:
-  rhs_scale (G, N), one per group and column, applied once to a tile with rows (fp8_gmm's wgrad_scale="group").
+  rhs_scale (G, N), one per group and column, applied once to a tile with rows (fp8_gmm's wgrad_scale="group");
+  TRANSPOSE_OUT: out (G, N, K), out[g] transposed.
 
   lhs (K, M), or (M, K) if TRANSPOSE_LHS; rhs (M, N), or (N, M) if TRANSPOSE_RHS; bounds (G + 1,) int32. Output
   tiles BLOCK_M (along K) x BLOCK_N, G * cdiv(K, BLOCK_M) * cdiv(N, BLOCK_N) of them, persistent over the grid; each
@@ -247,7 +248,7 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
   """
   K_TILES: tl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  OFFSET: tl.constexpr = tl.int64 if max(BLOCK_M, BLOCK_K) * max(K, N) >= 2**31 else tl.int32
+  OFFSET: tl.constexpr = tl.int64 if max(BLOCK_M, BLOCK_N, BLOCK_K) * max(K, N) >= 2**31 else tl.int32
   tl.static_assert(BLOCK_K <= SCALE_BLOCK, "a step of rows must lie inside one 128-row scale block")
   group = tl.arange(0, G_POW2)
   in_table = group < G
@@ -294,5 +295,9 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
     if RHS_GROUPS:  # The group's channel scales (empty groups keep their exact zeros whatever their scales).
       if start < end:
         acc = scale_epilogue(acc, None, rhs_scale_ptr + tl.cast(g, tl.int64) * N + cols, None, n_mask, True, False)
-    out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
-    store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)
+    if TRANSPOSE_OUT:
+      out_tile = out_ptr + (tl.cast(g, tl.int64) * N + ni * BLOCK_N) * K + ki * BLOCK_M
+      store_tile(out_tile, n_local, n_mask, k_local, k_mask, K, tl.trans(acc), OFFSET)
+    else:
+      out_tile = out_ptr + (tl.cast(g, tl.int64) * K + ki * BLOCK_M) * N + ni * BLOCK_N
+      store_tile(out_tile, k_local, k_mask, n_local, n_mask, N, acc, OFFSET)

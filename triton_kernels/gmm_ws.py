@@ -127,23 +127,27 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
 
 @gluon.jit
 def allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-             HALVES: gl.constexpr = 2):
+             HALVES: gl.constexpr = 2, TRANSPOSE_OUT: gl.constexpr = False):
   """A program's shared memory: S stages of HALVES lhs halves and one rhs tile (the descriptors' boxes), an output
-  half per consumer, and the stages' `ready` (the loader's bytes landed) and `empty` (every consumer is done)
-  mbarriers."""
+  half per consumer (64 x BLOCK_N, or BLOCK_N x 64 where TRANSPOSE_OUT), and the stages' `ready` (the loader's bytes
+  landed) and `empty` (every consumer is done) mbarriers."""
   return allocate_boxes(lhs_desc.dtype, gl.constexpr(lhs_desc.block_type.shape), gl.constexpr(lhs_desc.layout),
                         rhs_desc.dtype, gl.constexpr(rhs_desc.block_type.shape), gl.constexpr(rhs_desc.layout),
-                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT, HALVES)
+                        out_ptr.dtype.element_ty, BLOCK_N, S, OUT_LAYOUT, HALVES, TRANSPOSE_OUT)
 
 
 @gluon.jit
 def allocate_boxes(lhs_dtype: gl.constexpr, LHS_BOX: gl.constexpr, LHS_LAYOUT: gl.constexpr, rhs_dtype: gl.constexpr,
                    RHS_BOX: gl.constexpr, RHS_LAYOUT: gl.constexpr, out_dtype: gl.constexpr, BLOCK_N: gl.constexpr,
-                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr = 2):
+                   S: gl.constexpr, OUT_LAYOUT: gl.constexpr, HALVES: gl.constexpr = 2,
+                   TRANSPOSE_OUT: gl.constexpr = False):
   """allocate's buffers and barriers for lhs halves of LHS_BOX and rhs tiles of RHS_BOX (lists of two sizes)."""
   a_bufs = gl.allocate_shared_memory(lhs_dtype, [HALVES * S] + LHS_BOX, LHS_LAYOUT)
   b_bufs = gl.allocate_shared_memory(rhs_dtype, [S] + RHS_BOX, RHS_LAYOUT)
-  c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES, HALF, BLOCK_N], OUT_LAYOUT)
+  if TRANSPOSE_OUT:
+    c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES, BLOCK_N, HALF], OUT_LAYOUT)
+  else:
+    c_bufs = gl.allocate_shared_memory(out_dtype, [HALVES, HALF, BLOCK_N], OUT_LAYOUT)
   ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
   for s in gl.static_range(S):

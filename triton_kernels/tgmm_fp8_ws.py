@@ -23,13 +23,16 @@ RHS_GROUPS: rhs's scales are one per group and column instead (rhs_scale (G, N),
 the promotion multiplies by the row scales alone and the epilogue by the tile's column scales, once (the 32 column
 scales a thread would read per step are what the promotion costs: 1.48x faster on the H100 without them,
 docs/perf-notes.md, sessions 29 and 31).
+TRANSPOSE_OUT: out (G, N, K) instead, each tile stored transposed (fp8_gmm's weight gradient where the operand
+scaled per group is lhs^T: its group scales stay column scales of the tile, applied once).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, row_channel_scales
-from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate, release_stages, store_half
 from jgmm.triton_kernels.tgmm_ws import group_tile, keep_only
 
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
@@ -194,14 +197,43 @@ def _group_scaled(acc, rhs_scale_ptr, g, col0, steps, N: gl.constexpr, RHS_GROUP
 
 
 @gluon.jit
+def _store_transposed(out_ptr, out_desc, c_buf, acc, row, col, rows_left, K: gl.constexpr, OUT_LAYOUT: gl.constexpr):
+  """Rows [row, row + min(rows_left, 128)) x columns [col, col + 64) of out (G * N, K) = acc (64, 128) transposed,
+  through c_buf (128, 64) and a TMA store: out_desc's where the tile has 128 columns of N, else a descriptor ending
+  at the group's last row (no tile writes another group's); columns past K are clipped by the view itself."""
+  tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
+  c_buf.permute((1, 0)).store(acc.to(out_ptr.dtype.element_ty))
+  fence_async_shared()
+  if rows_left >= BLOCK:
+    _tma_store(out_desc, [row, col], c_buf)
+  else:
+    clipped = tma.make_tensor_descriptor(out_ptr, [row + rows_left, K], [K, 1], [BLOCK, HALF], OUT_LAYOUT)
+    _tma_store(clipped, [row, col], c_buf)
+
+
+@gluon.jit
+def _store(out_ptr, out_desc, c_buf, acc, g, ki, col0, half_rows, H: gl.constexpr, K: gl.constexpr,
+           N: gl.constexpr, OUT_LAYOUT: gl.constexpr, TRANSPOSE_OUT: gl.constexpr):
+  """acc (64 K rows from 128 ki + 64 H, 128 columns of N from col0; half_rows of them rows of K) into out[g]: (K, N),
+  or (N, K) where TRANSPOSE_OUT."""
+  if TRANSPOSE_OUT:
+    _store_transposed(out_ptr, out_desc, c_buf, acc, g * N + col0, ki * BLOCK + H * HALF, N - col0, K, OUT_LAYOUT)
+  else:
+    store_half(out_ptr, out_desc, c_buf, acc, g * K + ki * BLOCK + H * HALF, col0, half_rows, N, BLOCK, OUT_LAYOUT)
+
+
+@gluon.jit
 def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty,
               G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr):
+              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr, TRANSPOSE_OUT: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
   num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
-  out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
+  if TRANSPOSE_OUT:
+    out_desc = tma.make_tensor_descriptor(out_ptr, [G * N, K], [K, 1], [BLOCK, HALF], OUT_LAYOUT)
+  else:
+    out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
     g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
@@ -220,35 +252,37 @@ def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_buf
       release_stages(ready, empty, step, steps, S)
     step += steps
     if half_rows > 0:
-      row = g * K + ki * BLOCK + H * HALF
       acc = _group_scaled(acc, rhs_scale_ptr, g, ni * BLOCK_N, steps, N, RHS_GROUPS, K > H * HALF)
-      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_rows, N, BLOCK, OUT_LAYOUT)
+      _store(out_ptr, out_desc, c_bufs.index(H), acc, g, ki, ni * BLOCK_N, half_rows, H, K, N, OUT_LAYOUT,
+             TRANSPOSE_OUT)
       if WIDE and N > BLOCK:  # (Where N <= 128 no tile has a right half: no load in that dead branch.)
         if ni * BLOCK_N + BLOCK < N:
           acc_right = _group_scaled(acc_right, rhs_scale_ptr, g, ni * BLOCK_N + BLOCK, steps, N, RHS_GROUPS,
                                     K > H * HALF)
-          store_half(out_ptr, out_desc, c_bufs.index(H), acc_right, row, ni * BLOCK_N + BLOCK, half_rows, N, BLOCK,
-                     OUT_LAYOUT)
+          _store(out_ptr, out_desc, c_bufs.index(H), acc_right, g, ki, ni * BLOCK_N + BLOCK, half_rows, H, K, N,
+                 OUT_LAYOUT, TRANSPOSE_OUT)
   tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, rhs_scale_ptr, out_ptr, G: gl.constexpr,
                        K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-                       OUT_LAYOUT: gl.constexpr, RHS_GROUPS: gl.constexpr = False):
+                       OUT_LAYOUT: gl.constexpr, RHS_GROUPS: gl.constexpr = False,
+                       TRANSPOSE_OUT: gl.constexpr = False):
   """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
   (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT (with
   RHS_GROUPS: rhs_scale (G, N), read through rhs_scale_ptr; sb_desc unread); bounds (G + 1,) int32; out (G, K, N)
   through out_ptr and descriptors made here over its (G * K, N) view (box (64, 128), shared-memory layout
-  OUT_LAYOUT)."""
-  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT)
+  OUT_LAYOUT), or with TRANSPOSE_OUT out (G, N, K) over (G * N, K) (box (128, 64))."""
+  a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, 2,
+                                                  TRANSPOSE_OUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK], SCALE_LAYOUT)
   sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
   gl.warp_specialize([
       (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
-                   N, BLOCK_N, S, OUT_LAYOUT, 0, RHS_GROUPS)),
+                   N, BLOCK_N, S, OUT_LAYOUT, 0, RHS_GROUPS, TRANSPOSE_OUT)),
       (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
-                   N, BLOCK_N, S, OUT_LAYOUT, 1, RHS_GROUPS)),
+                   N, BLOCK_N, S, OUT_LAYOUT, 1, RHS_GROUPS, TRANSPOSE_OUT)),
       (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
                  K, N, BLOCK_N, S, RHS_GROUPS)),
   ], [4, 1], [240, 24])
