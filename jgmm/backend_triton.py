@@ -641,23 +641,25 @@ def _group_scales(x, blocks, num_groups, fmax):
 def _pair_call(x, blocks, num_groups, *, out_shape, **call):
   """(q, scale, qt, scale_t) of a pair kernel (x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, ...): out_shape
   _rowwise_pair_shapes'; st an output, or, with num_groups, _group_scales' read through it (GIVEN_SCALE_T) and
-  scale_t its per group (C, num_groups)."""
+  scale_t its per group (C, num_groups). The kernels write both scales transposed (scale (CB, R), scale_t (PB, C):
+  a program's 128 of each in one contiguous run); the transposes here cancel those of their readers (the FP8
+  tgmm reads scale_t as (PB, C), gmm_fp8_ws's tile-major gather reads scale's rows of 128) in XLA."""
   q, scale, qt, scale_t = out_shape
   if num_groups is None:
     scale_t, q, scale, qt = ffi.triton_call(x, blocks, out_shape=[scale_t, q, scale, qt], **call)
-    return q, scale, qt, scale_t
+    return q, scale.T, qt, scale_t.T
   scales = _group_scales(x, blocks, num_groups, call["FMAX"])
   q, scale, qt = ffi.triton_call(x, blocks, scales, out_shape=[q, scale, qt], GIVEN_SCALE_T=True, **call)
-  return q, scale, qt, scales[:num_groups].T
+  return q, scale.T, qt, scales[:num_groups].T
 
 
 def _rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype):
-  """The outputs of a 1x128 quantisation of x (R, C) in both layouts: q (R, C), scale (R, CB), qt (C, qt_rows),
-  scale_t (C, padded_blocks)."""
+  """The pair kernels' outputs of a 1x128 quantisation of x (R, C) in both layouts: q (R, C), scale transposed
+  (CB, R), qt (C, qt_rows), scale_t transposed (padded_blocks, C)."""
   r, c = x.shape
   cb = geometry.cdiv(c, quantize_kernels.BLOCK.value)
-  return [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((r, cb), jnp.float32),
-          jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((c, padded_blocks), jnp.float32)]
+  return [jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct((cb, r), jnp.float32),
+          jax.ShapeDtypeStruct((c, qt_rows), dtype), jax.ShapeDtypeStruct((padded_blocks, c), jnp.float32)]
 
 
 def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, num_groups=None):

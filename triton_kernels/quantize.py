@@ -87,11 +87,12 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
   """x (R, C) with its rows regrouped into PB blocks of 128 (blocks (2 or 3, PB) int32, of which rows 0 and 1 are
   read: block b holds rows [first[b], min(first[b] + 128, end[b])), none where first[b] >= end[b]; fp8_gmm's
   backward gives each group's rows from a block of its own on, so that no block holds rows of two groups). 1x128
-  blocks: q (R, C) with s (R, CB), as quantize_pair_kernel's, each row written by the block holding it; qt (C, 128 PB)
-  with st (C, PB): block b's rows as qt's columns [128 b, 128 b + 128), zeros past its rows. GIVEN_SCALE_T: st is an
-  input, qt's scales per group and column (G + 1, C) (fp8_gmm's wgrad_scale="group"), block b's read at its group
-  (blocks' third row) instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of x in no
-  block are neither read nor written."""
+  blocks: q (R, C) with s transposed, (CB, R), each row written by the block holding it; qt (C, 128 PB) with st
+  transposed, (PB, C): block b's rows as qt's columns [128 b, 128 b + 128), zeros past its rows (both scales
+  transposed so that a program writes its 128 of each contiguously; jgmm's caller transposes them). GIVEN_SCALE_T:
+  st is an input, qt's scales per group and column (G + 1, C) (fp8_gmm's wgrad_scale="group"), block b's read at its
+  group (blocks' third row) instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of
+  x in no block are neither read nor written."""
   CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
@@ -107,12 +108,12 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
   offsets = local.to(OFFSET)[:, None] * C + local[None, :]
   x = tl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(tl.float32)
   scale = _scale(tl.reduce(tl.abs(x), 1, _nan_max), FMAX)
-  tl.store(s_ptr + rows.to(tl.int64) * CB + cb, scale, mask=valid)
+  tl.store(s_ptr + cb.to(tl.int64) * R + rows, scale, mask=valid)
   if GIVEN_SCALE_T:
     scale_t = tl.load(st_ptr + tl.load(blocks_ptr + 2 * PB + pb).to(tl.int64) * C + cols, mask=cols < C, other=1.0)
   else:
     scale_t = _scale(tl.reduce(tl.abs(x), 0, _nan_max), FMAX)
-    tl.store(st_ptr + cols.to(tl.int64) * PB + pb, scale_t, mask=cols < C)
+    tl.store(st_ptr + pb.to(tl.int64) * C + cols, scale_t, mask=cols < C)
   dtype = q_ptr.dtype.element_ty
   tl.store(q_ptr + tile + offsets, _quantize(x, scale[:, None], dtype, FMAX), mask=mask)
   qt = tl.trans(_quantize(x, scale_t[None, :], dtype, FMAX))  # [c, r]
@@ -198,13 +199,13 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
   x = gl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(gl.float32)
   one = gl.arange(0, BLOCK, layout=ONE)
   scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
-  gl.store(s_ptr + (first + one).to(gl.int64) * CB + cb, scale, mask=(first + one >= 0) & (first + one < end))
+  gl.store(s_ptr + cb.to(gl.int64) * R + first + one, scale, mask=(first + one >= 0) & (first + one < end))
   if GIVEN_SCALE_T:
     group = gl.load(blocks_ptr + 2 * PB + pb)
     scale_t = gl.load(st_ptr + group.to(gl.int64) * C + cb * BLOCK + one, mask=cb * BLOCK + one < C, other=1.0)
   else:
     scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
-    gl.store(st_ptr + (cb * BLOCK + one).to(gl.int64) * PB + pb, scale_t, mask=cb * BLOCK + one < C)
+    gl.store(st_ptr + pb.to(gl.int64) * C + cb * BLOCK + one, scale_t, mask=cb * BLOCK + one < C)
   inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
   inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
   dtype: gl.constexpr = q_ptr.dtype.element_ty
