@@ -121,7 +121,8 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
   bias_grad and precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
-      group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend, rhs_scale_per_group)
+      group_offset, num_actual_groups, existing_out, bias_grad, precision, config, backend, rhs_scale_per_group,
+      transpose_out)
   bounds = ops.group_bounds(group_sizes, group_offset, num_groups, m)
   if rhs_scale_per_group:  # The computed groups' scales, in bounds' order (ones for groups past the end: empty).
     axis = 1 if transpose_rhs else 0
@@ -131,7 +132,7 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
     rhs_scale = lax.dynamic_slice_in_dim(padded, first, num_groups, axis=axis)
   (out,) = _tgmm_p(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                    out_dtype=out_dtype, config=config, rhs_scale_per_group=rhs_scale_per_group,
-                   transpose_out=bool(transpose_out), backend=backend)
+                   transpose_out=transpose_out, backend=backend)
   return out
 
 

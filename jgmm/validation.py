@@ -555,8 +555,9 @@ def check_masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, preferred_element_typ
 
 def check_tgmm_fp8(lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs,
                    preferred_element_type, group_offset, num_actual_groups, existing_out, bias_grad, precision, config,
-                   backend, rhs_scale_per_group=False):
+                   backend, rhs_scale_per_group=False, transpose_out=False):
   """Validates FP8 tgmm's arguments; returns (m, num_groups, out_dtype, config, backend)."""
+  _flag("transpose_out", transpose_out)
   _no_fp8_option("existing_out", existing_out)
   _no_fp8_option("precision", precision)
   _no_fp8_option("bias_grad", bias_grad, False)

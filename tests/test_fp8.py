@@ -318,6 +318,8 @@ BAD_CALLS = {
                                    ValueError, r"rhs_scale_per_group=True applies to FP8 lhs and rhs with lhs_scale"),
     "tgmm_per_group_not_bool": (jgmm.tgmm, _tgmm_args(rhs_scale_per_group=1), TypeError,
                                 r"rhs_scale_per_group must be a Python bool, got 1"),
+    "tgmm_transpose_out_not_bool": (fp8.tgmm, _tgmm_args(transpose_out="yes"), TypeError,
+                                    r"transpose_out must be a Python bool, got 'yes'"),
 }
 
 
