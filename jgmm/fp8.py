@@ -116,8 +116,8 @@ def tgmm(lhs, rhs, group_sizes, *, lhs_scale, rhs_scale, transpose_lhs=False, tr
   group of group_sizes and column instead, (G, N) for rhs (M, N) or (N, G) for rhs (N, M) (fp8_gmm's
   wgrad_scale="group"; the kernels apply it once per output tile, not per 128 rows, so an inf scale meets the
   tile's sum: inf, or NaN where that sum is 0, where the portable backend, scaling rhs first, gives NaN wherever a
-  product is 0). transpose_out: return (G, N, K), each out[g] transposed (the kernels store their tiles so; fp8_gmm's
-  weight gradient where the operand scaled per group is the other one than its layout's rhs). existing_out,
+  product is 0). transpose_out: return (G, N, K), each out[g] transposed (the kernels store their tiles so: fp8_gmm's
+  weight gradient where the operand scaled per group is not the one the weights' layout puts second). existing_out,
   bias_grad and precision are not supported with FP8 (a clear error)."""
   m, num_groups, out_dtype, config, backend = validation.check_tgmm_fp8(
       lhs, rhs, group_sizes, lhs_scale, rhs_scale, transpose_lhs, transpose_rhs, preferred_element_type,
