@@ -418,16 +418,13 @@ def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, 
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
   halves = config.block_m // gmm_ws.HALF.value
-  tile_scales = _tile_scales(lhs_scale, schedule, row_tiles, config.block_m)
-  # The kernel reads lhs_scale through its pointer only as row scales; block scales go through tile_scales alone,
-  # which also stands in for the unread pointer (lhs_scale itself as an operand would make XLA materialise it, a
-  # transpose where it is quantize_pair's transposed output).
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      ffi.TensorDescriptor(tile_scales, (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
-      schedule, lhs_scale if lhs_scale.ndim == 1 else tile_scales, rhs_scale, m,
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, schedule, row_tiles, config.block_m),
+                           (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
+      schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
