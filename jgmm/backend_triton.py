@@ -535,10 +535,10 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
       DOT_PRECISION=_dot_precision(None))
 
 
-def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group,
+def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_shape, config, device, rhs_scale_per_group,
                  transpose_out):
-  """out (G, K, N), or (G, N, K) where transpose_out, of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M), bounds
-  (G + 1,), lhs_scale (MB, K), rhs_scale (MB, N), or (G, N) where rhs_scale_per_group."""
+  """out (G, K, N), or (G, N, K) where transpose_out (out_shape), of tgmm_fp8_ws_kernel: lhs (K, M), rhs (N, M),
+  bounds (G + 1,), lhs_scale (MB, K), rhs_scale (MB, N), or (G, N) where rhs_scale_per_group."""
   k, n, num_groups = lhs.shape[0], rhs.shape[0], bounds.shape[0] - 1
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
   layout = gmm_ws.shared_layout
@@ -550,11 +550,10 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, devi
       ffi.TensorDescriptor(lhs_scale, (1, block), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       ffi.TensorDescriptor(rhs_scale, (1, config.block_n), layout=tgmm_fp8_ws.SCALE_LAYOUT),
       bounds, rhs_scale,
-      kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel,
-      out_shape=jax.ShapeDtypeStruct((num_groups, n, k) if transpose_out else (num_groups, k, n), out_dtype),
+      kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=out_shape,
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
       name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
-      OUT_LAYOUT=layout(out_box, out_dtype.name), RHS_GROUPS=rhs_scale_per_group, TRANSPOSE_OUT=transpose_out)
+      OUT_LAYOUT=layout(out_box, out_shape.dtype.name), RHS_GROUPS=rhs_scale_per_group, TRANSPOSE_OUT=transpose_out)
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,
@@ -583,7 +582,7 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
   rhs_scale = rhs_scale.T if transpose_rhs else rhs_scale
   if not transpose_lhs and transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype,
                                                         fits=geometry.tgmm_fp8_ws_ok):
-    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_dtype, config, device, rhs_scale_per_group,
+    return _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_shape, config, device, rhs_scale_per_group,
                         transpose_out)
   return ffi.triton_call(
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
