@@ -3,9 +3,9 @@
 Rows of a tile's group g: out = (lhs * lhs_scale) @ (rhs[g] * rhs_scale[g]).T; lhs (rows, K) FP8, rhs (G, N, K) FP8
 viewed as (G * N, K) (K-major: Hopper's FP8 wgmma reads B only K-major), out (rows, N). Scales as gmm_fp8.py's
 (LHS_BLOCKS: lhs (rows, KB) per 1x128 block, else (rows,); RHS_BLOCKS: rhs (G, NB, KB) per 128x128 block, else
-(G, N)); with LHS_BLOCKS the kernel reads the lhs block scales tile-major (backend_triton._tile_scales: (R_MAX * KB,
-128), row r * KB + kb the K block kb scales of row tile r's 128 rows). Used for the contiguous gmm with K-major rhs
-and the masked layout (lhs (G * max_m, K)).
+(G, N)); with LHS_BLOCKS the kernel reads the lhs block scales transposed, (KB, rows rounded up to a multiple of 4)
+(backend_triton.block_scales_mn_major; DeepGEMM's "MN-major" layout: a tile's 128 scales of a K block are
+contiguous). Used for the contiguous gmm with K-major rhs and the masked layout (lhs (G * max_m, K)).
 
 gmm_ws.py's structure and code: one program per SM, its TMA loader warp, schedule and epilogue (TMA stores clipped
 to a tile's rows), consumer warpgroups of 64 rows each; here BLOCK_K = 128 (a step is one K scale block, the last
@@ -15,7 +15,8 @@ by 128, which reads 17% fewer bytes per FLOP than 128 x 128 where the L2's bandw
 (docs/perf-notes.md).
 
 The loader puts a step's block scales into its stage beside the operands: the tile's lhs scales by TMA (a (1, 128)
-or (1, 256) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
+or (1, 256) box of the transposed scales at (K block, first row), on the stage's `ready` barrier with the
+operands; TMA reads zeros past the rows), the rhs block scales by
 cp.async (one or two floats, each copied 64 times). A consumer's main loop: each step's wgmmas start from zero in a
 fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
 it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
@@ -27,7 +28,8 @@ tile once for 256 columns. Row and channel scales multiply the accumulator once,
 past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their operands or scales hold.
 
 schedule: gmm_ws's (1 + 4 R_MAX,) int32 (per row tile of 64 HALVES rows: group, first row, rows of the group, rows
-to store); backend_triton builds one for the masked layout too (a tile per 64 HALVES of each group's max_m rows).
+to store); for the masked layout (MASKED_M = max_m > 0) masked_m itself, from which gmm_ws.tile_of computes each
+tile (one per 64 HALVES of each group's max_m rows): no XLA kernel builds a schedule before the launch.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -35,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, allocate, consumer_tile, load_stage, release_stages,
-                                        store_half, tile_of)
+                                        row_tiles_in_use, store_half, tile_of)
 
 # cp.async copies: Triton 3.6's name, renamed async_load after it (the old name then raises).
 _async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
@@ -67,7 +69,7 @@ def copy_rhs_scales(s_buf, ready_bar, sb_ptr, kk, k_steps, right):
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty,
             K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr):
+            LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, HALVES: gl.constexpr, MASKED_M: gl.constexpr):
   """gmm_ws's loader, each stage with its block scales where the recipe has them: the lhs ones by TMA with the
   operands (counted by the same expect), the rhs ones by copy_rhs_scales (issued before that expect)."""
   sa_bytes: gl.constexpr = sa_desc.block_type.nbytes if LHS_BLOCKS else 0
@@ -75,8 +77,8 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
   num_nb: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX)
+  for t in range(gl.program_id(0), row_tiles_in_use(schedule_ptr, R_MAX, MASKED_M) * num_n, gl.num_programs(0)):
+    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX, 1, MASKED_M, HALVES * HALF)
     sb_ptr = rhs_scale_ptr + (g.to(gl.int64) * num_nb + ni * (BLOCK_N // BLOCK)) * k_steps
     right = ni * BLOCK_N + BLOCK < N  # A wide tile's right half holds columns of out.
     if rows > 0:
@@ -88,7 +90,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
                    BLOCK_N, BLOCK, True, sa_bytes, HALVES)
         if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
-          _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
+          _tma_load(sa_desc, [kk, row0], ready.index(slot), sa_bufs.index(slot))
         step += 1
 
 
@@ -157,7 +159,7 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
-              HALVES: gl.constexpr):
+              HALVES: gl.constexpr, MASKED_M: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -168,8 +170,9 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
   step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H)
+  for t in range(gl.program_id(0), row_tiles_in_use(schedule_ptr, R_MAX, MASKED_M) * num_n, gl.num_programs(0)):
+    g, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, 1, MASKED_M,
+                                                            HALVES * HALF)
     row_mask = rows_in_half < half_rows
     col0 = ni * BLOCK_N
     right = col0 + BLOCK < N  # A wide tile's right half holds columns of out.
@@ -206,10 +209,11 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
 def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
-                      HALVES: gl.constexpr):
+                      HALVES: gl.constexpr, MASKED_M: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
-  the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
-  2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
+  the transposed lhs block scales (KB, M rounded up to 4), box (1, W), W the tile's 64 HALVES rows rounded up to a
+  power of 2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without
+  LHS_BLOCKS only); schedule_ptr: the schedule, or masked_m (G,) where MASKED_M (max_m of the masked layout) > 0;
   out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
   64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
@@ -218,20 +222,20 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
   if HALVES == 2:  # (Gluon's partition lists take no tuple built from constexpr layouts: written out twice.)
     gl.warp_specialize([
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES, MASKED_M)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES, MASKED_M)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, MASKED_M)),
     ], [4, 1], [240, 24])
   else:
     gl.warp_specialize([
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 0, HALVES, MASKED_M)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 1, HALVES, MASKED_M)),
         (_consumer, (schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs,
-                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES)),
+                     ready, empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, OUT_LAYOUT, 2, HALVES, MASKED_M)),
         (_loader, (lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES)),
+                   empty, K, N, R_MAX, BLOCK_N, S, LHS_BLOCKS, RHS_BLOCKS, HALVES, MASKED_M)),
     ], [4, 4, 1], [160, 160, 24])

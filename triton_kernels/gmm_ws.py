@@ -36,28 +36,52 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1):
+def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1, MASKED_M: gl.constexpr = 0,
+            TILE_M: gl.constexpr = BLOCK_M):
   """(group, first row, rows of the group, rows to store, column tile) of tile t: row-major over (row tiles,
   num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords'
-  order: programs running at once share rhs panels)."""
-  if BAND == 1:
+  order: programs running at once share rhs panels).
+
+  MASKED_M > 0: the masked layout of MASKED_M rows a group (lhs (G * MASKED_M, K)), no schedule: schedule_ptr is
+  masked_m (G,) and row tile r = g * cdiv(MASKED_M, TILE_M) + i holds rows [i TILE_M, (i + 1) TILE_M) of group g
+  (R_MAX = G * cdiv(MASKED_M, TILE_M) of them; BAND 1), its rows < masked_m[g] those of the group."""
+  if MASKED_M > 0:
+    gl.static_assert(BAND == 1, "the masked layout's tiles run row-major")
+    m_tiles: gl.constexpr = (MASKED_M + TILE_M - 1) // TILE_M
     r = t // num_n
-    ni = t % num_n
+    g = r // m_tiles
+    first = (r - g * m_tiles) * TILE_M
+    rows = gl.minimum(gl.maximum(gl.load(schedule_ptr + g) - first, 0), TILE_M)
+    return g, g * MASKED_M + first, rows, gl.minimum(MASKED_M - first, TILE_M), t % num_n
   else:
-    band = t // (BAND * num_n)
-    within = t - band * (BAND * num_n)
-    band_rows = gl.minimum(gl.load(schedule_ptr) - band * BAND, BAND)
-    r = band * BAND + within % band_rows
-    ni = within // band_rows
-  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
+    if BAND == 1:
+      r = t // num_n
+      ni = t % num_n
+    else:
+      band = t // (BAND * num_n)
+      within = t - band * (BAND * num_n)
+      band_rows = gl.minimum(gl.load(schedule_ptr) - band * BAND, BAND)
+      r = band * BAND + within % band_rows
+      ni = within // band_rows
+    return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
+            gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit
-def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1):
-  """Tile t for consumer H: (group, first row of its half, rows of the group in the tile, rows of the group in its
-  half, rows to store of its half, column tile)."""
-  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
+def row_tiles_in_use(schedule_ptr, R_MAX: gl.constexpr, MASKED_M: gl.constexpr = 0):
+  """The row tiles tile_of walks: the schedule's count, or all R_MAX of the masked layout (MASKED_M > 0)."""
+  if MASKED_M > 0:
+    return R_MAX
+  else:
+    return gl.load(schedule_ptr)
+
+
+@gluon.jit
+def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1,
+                  MASKED_M: gl.constexpr = 0, TILE_M: gl.constexpr = BLOCK_M):
+  """Tile t (tile_of's) for consumer H: (group, first row of its half, rows of the group in the tile, rows of the
+  group in its half, rows to store of its half, column tile)."""
+  g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND, MASKED_M, TILE_M)
   half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
   half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
   return g, row0 + H * HALF, rows, half_rows, half_store, ni
