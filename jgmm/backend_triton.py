@@ -12,6 +12,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jgmm import backend_xla, config_table, ffi, quantize
 from jgmm import config as config_lib
@@ -409,40 +410,45 @@ def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.
                    config.num_stages, config_table.shared_memory_limit(device.arch)))
 
 
-def _gmm_fp8_ws(lhs, rhs, schedule, row_tiles, lhs_scale, rhs_scale, out_dtype, config, device, masked_m_rows=0):
+def _gmm_fp8_ws(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype, config, device, masked_m_rows=0):
   """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
-  (G, NB, KB) or (G, N), schedule of row_tiles tiles of config.block_m rows (_row_tiles' format), or for the masked
-  layout of masked_m_rows (max_m) rows a group masked_m (G,) itself (row_tiles = G * cdiv(max_m, block_m)); block
-  scales of lhs go to the kernel transposed (block_scales_mn_major)."""
+  (G, NB, KB) or (G, N); row tiles of config.block_m rows starting at first_rows (R,): schedule holds them
+  (_row_tiles' format), or for the masked layout of masked_m_rows (max_m) rows a group is masked_m (G,) itself
+  (the kernel computes each tile). Block scales of lhs go to the kernel tile-major (_tile_scales)."""
+  row_tiles = first_rows.shape[0]
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
   lhs_block, rhs_block, out_block = (gmm_ws.HALF.value, block), (config.block_n, block), (gmm_ws.HALF.value, block)
   halves = config.block_m // gmm_ws.HALF.value
-  width = geometry.next_pow2(config.block_m)  # A step's lhs scales: one TMA box of the tile's rows.
-  blocks = lhs_scale.ndim == 2
-  # With row scales the scale descriptor is never read: a placeholder.
-  scales_mn = block_scales_mn_major(lhs_scale) if blocks else jnp.zeros((1, width), jnp.float32)
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      ffi.TensorDescriptor(scales_mn, (1, width), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, first_rows, config.block_m),
+                           (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms, row_tiles * geometry.cdiv(n, config.block_n)),),
       num_warps=gmm_fp8_ws.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[halves], name="jgmm_gmm_fp8_ws",
-      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=blocks,
+      K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, S=config.num_stages, LHS_BLOCKS=lhs_scale.ndim == 2,
       RHS_BLOCKS=rhs_scale.ndim == 3, OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), HALVES=halves,
       MASKED_M=masked_m_rows)
 
 
-def block_scales_mn_major(lhs_scale):
-  """1x128 lhs block scales (M, KB) as the warp-specialised FP8 kernels read them by TMA: transposed, (KB, M rounded
-  up to a multiple of 4), the pad zeros (a TMA row stride is a multiple of 16 bytes; DeepGEMM's "MN-major" layout).
-  Where lhs_scale is itself a transpose (the pair quantisation kernels write it (KB, M)) and M % 4 == 0, XLA
-  cancels the two: no copy."""
-  return jnp.pad(lhs_scale.T, ((0, 0), (0, -lhs_scale.shape[0] % 4)))
+def _tile_scales(lhs_scale, first_rows, block_m):
+  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (R * KB, W) float32, W = block_m rounded up to a power of 2,
+  whose row r * KB + kb holds K block kb's scales of the W rows from first_rows[r] (first_rows (R,); row M - 1's
+  past M: the kernel reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a
+  16-byte aligned address, which a tile starting at any row would not give, of lhs_scale (M, KB) or of its
+  transpose (KB, M) (a TMA box starting at an unaligned column stops the kernel with an illegal instruction:
+  docs/perf-notes.md, session 34). With row scales (M,), a (1, W) placeholder the kernel never reads."""
+  width = geometry.next_pow2(block_m)
+  if lhs_scale.ndim == 1:
+    return jnp.zeros((1, width), jnp.float32)
+  rows = first_rows[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+  tiles = jnp.take(lhs_scale, rows, axis=0, mode="clip")  # (row_tiles, width, KB); one fusion (mode="fill": two)
+  return tiles.transpose(0, 2, 1).reshape(-1, width)
 
 
 def _plain_fp8_config(config, given, call):
@@ -456,6 +462,14 @@ def _plain_fp8_config(config, given, call):
                    f"this call ({call}, config {config}): it needs sm_90, block_n = block_k = 128, K a multiple "
                    f"of 16, output rows of 16-byte multiples and num_stages that fit the shared memory with the "
                    f"192 x 128 output tile (3 for float32 out, 4 for bf16); use a power of two")
+
+
+def _masked_first_rows(num_groups, max_m, block_m):
+  """The first rows (G * cdiv(max_m, block_m),) int32 of the masked layout's row tiles, viewed as G * max_m rows:
+  per group, one tile per block_m of its max_m rows (gmm_ws.tile_of's masked order); constants."""
+  m_tiles = geometry.cdiv(max_m, block_m)
+  r = np.arange(num_groups * m_tiles, dtype=np.int32)
+  return jnp.asarray(r // m_tiles * max_m + r % m_tiles * block_m)
 
 
 def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype, config):
@@ -476,7 +490,8 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
                                out_dtype=out_dtype, config=None)
   if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype):
     row_tiles = geometry.cdiv(m, config.block_m) + num_groups + 1
-    return _gmm_fp8_ws(lhs, rhs, _row_tiles(bounds, m, row_tiles, config.block_m), row_tiles, lhs_scale, rhs_scale,
+    schedule = _row_tiles(bounds, m, row_tiles, config.block_m)
+    return _gmm_fp8_ws(lhs, rhs, schedule, schedule[1 + row_tiles:1 + 2 * row_tiles], lhs_scale, rhs_scale,
                        out_dtype, config, device)
   config = _plain_fp8_config(config, given, f"FP8 gmm of lhs {lhs.shape}, rhs {rhs.shape}")
   tiles = (geometry.cdiv(m, config.block_m) + num_groups + 1) * geometry.cdiv(n, config.block_n)
@@ -506,7 +521,8 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)
   if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, out_dtype):
-    out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, masked_m, num_groups * geometry.cdiv(max_m, config.block_m),
+    out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, masked_m,
+                      _masked_first_rows(num_groups, max_m, config.block_m),
                       x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device,
                       masked_m_rows=max_m)
     return out.reshape(num_groups, max_m, n)

@@ -288,13 +288,13 @@ def _power_of_2_dividing(values):
 
 def _launch_fp8_ws(lhs, rhs, scales, shapes, out_dtype, config, device, flags):
   """One grouped_matmul_fp8_ws_kernel launch (where _fp8_ws_ok) over problems with M, N, K >= 1."""
-  from jgmm import backend_triton, ffi
+  from jgmm import ffi
   from jgmm.triton_kernels import gmm_fp8_ws, gmm_ws
   from jgmm.triton_kernels import grouped_matmul_fp8_ws as kernels
   block, half = gmm_fp8_ws.BLOCK.value, gmm_ws.HALF.value
   table, num_tiles = _problem_table(shapes, dataclasses.replace(config, block_m=block, block_n=block))
   if flags["LHS_BLOCKS"]:  # The kernel reads a step's 1x128 lhs block scales by TMA: transposed (KB_p, M_p to 4).
-    scales = ([backend_triton.block_scales_mn_major(s) for s in scales[0]], scales[1])
+    scales = ([jnp.pad(s.T, ((0, 0), (0, -s.shape[0] % 4))) for s in scales[0]], scales[1])
   return ffi.triton_call(
       tuple(lhs), tuple(rhs), *map(tuple, scales), jnp.asarray(table), kernel=kernels.grouped_matmul_fp8_ws_kernel,
       out_shape=[tuple(jax.ShapeDtypeStruct((m, n), out_dtype) for m, n, _ in shapes)],

@@ -264,17 +264,45 @@ class Fp8OtherTargetsTest(parameterized.TestCase):
     self.assertEqual(sum(bool(re.search(OTHER_TARGETS[target][3], a)) for a in kernels), 3)
 
 
-class BlockScalesMnMajorTest(parameterized.TestCase):
-  """backend_triton.block_scales_mn_major: the warp-specialised FP8 kernels' lhs block scales, transposed, rows padded
-  to a multiple of 4 with zeros (a TMA row stride is a multiple of 16 bytes)."""
+class TileScalesTest(parameterized.TestCase):
+  """backend_triton._tile_scales: gmm_fp8_ws_kernel's lhs block scales, tile-major (its TMA copies start at
+  16-byte aligned addresses whatever row a tile starts at), for tiles of 128 and 192 rows."""
 
-  @parameterized.parameters((1000, 3), (37, 2), (4, 1), (1, 56))
-  def test_layout(self, m, kb):
-    lhs_scale = np.random.default_rng(m).random((m, kb), np.float32) + 0.5
-    scales = np.asarray(backend_triton.block_scales_mn_major(jnp.asarray(lhs_scale)))
-    self.assertEqual(scales.shape, (kb, -(-m // 4) * 4))
-    np.testing.assert_array_equal(scales[:, :m], lhs_scale.T)
-    np.testing.assert_array_equal(scales[:, m:], 0.0)
+  def check(self, lhs_scale, first_rows, block_m):
+    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), first_rows, block_m))
+    m, kb = lhs_scale.shape
+    width = 128 if block_m == 128 else 256  # A power of 2.
+    self.assertEqual(tiles.shape, (first_rows.shape[0] * kb, width))
+    for r, first in enumerate(np.asarray(first_rows)):
+      rows = first + np.arange(width)
+      want = lhs_scale[np.minimum(rows, m - 1)].T  # Rows past M: row M - 1's (never stored).
+      np.testing.assert_array_equal(tiles[r * kb:(r + 1) * kb], want)
+
+  @parameterized.parameters(128, 192)
+  def test_contiguous(self, block_m):
+    """Groups starting at rows no multiple of 4, an empty group, rows after the last group."""
+    m, kb = 1000, 3
+    bounds = jnp.asarray([0, 5, 5, 262, 990], jnp.int32)
+    row_tiles = -(-m // block_m) + bounds.shape[0]
+    schedule = backend_triton._row_tiles(bounds, m, row_tiles, block_m)
+    self.check(np.random.default_rng(0).random((m, kb), np.float32) + 0.5,
+               schedule[1 + row_tiles:1 + row_tiles + int(schedule[0])], block_m)
+
+  @parameterized.parameters(128, 192)
+  def test_masked(self, block_m):
+    """max_m = 37 (every group but the first starts at a row no multiple of 4), and 300 (tiles past max_m): one
+    tile per block_m of each group's rows, in gmm_ws.tile_of's masked order."""
+    for groups, max_m, kb in ((5, 37, 2), (3, 300, 2)):
+      first_rows = backend_triton._masked_first_rows(groups, max_m, block_m)
+      m_tiles = -(-max_m // block_m)
+      np.testing.assert_array_equal(first_rows, [g * max_m + i * block_m for g in range(groups)
+                                                 for i in range(m_tiles)])
+      self.check(np.random.default_rng(1).random((groups * max_m, kb), np.float32) + 0.5, first_rows, block_m)
+
+  def test_row_scales(self):
+    """Row scales (M,) leave the kernel's lhs scale descriptor unread: a (1, W) placeholder."""
+    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 192)
+    self.assertEqual(tiles.shape, (1, 256))
 
 
 @absltest.skipIf(ON_GPU, "lowers for a GPU the machine does not have")

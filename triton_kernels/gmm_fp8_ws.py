@@ -3,9 +3,9 @@
 Rows of a tile's group g: out = (lhs * lhs_scale) @ (rhs[g] * rhs_scale[g]).T; lhs (rows, K) FP8, rhs (G, N, K) FP8
 viewed as (G * N, K) (K-major: Hopper's FP8 wgmma reads B only K-major), out (rows, N). Scales as gmm_fp8.py's
 (LHS_BLOCKS: lhs (rows, KB) per 1x128 block, else (rows,); RHS_BLOCKS: rhs (G, NB, KB) per 128x128 block, else
-(G, N)); with LHS_BLOCKS the kernel reads the lhs block scales transposed, (KB, rows rounded up to a multiple of 4)
-(backend_triton.block_scales_mn_major; DeepGEMM's "MN-major" layout: a tile's 128 scales of a K block are
-contiguous). Used for the contiguous gmm with K-major rhs and the masked layout (lhs (G * max_m, K)).
+(G, N)); with LHS_BLOCKS the kernel reads the lhs block scales tile-major (backend_triton._tile_scales: (R_MAX * KB,
+128), row r * KB + kb the K block kb scales of row tile r's 128 rows). Used for the contiguous gmm with K-major rhs
+and the masked layout (lhs (G * max_m, K)).
 
 gmm_ws.py's structure and code: one program per SM, its TMA loader warp, schedule and epilogue (TMA stores clipped
 to a tile's rows), consumer warpgroups of 64 rows each; here BLOCK_K = 128 (a step is one K scale block, the last
@@ -15,8 +15,7 @@ by 128, which reads 17% fewer bytes per FLOP than 128 x 128 where the L2's bandw
 (docs/perf-notes.md).
 
 The loader puts a step's block scales into its stage beside the operands: the tile's lhs scales by TMA (a (1, 128)
-or (1, 256) box of the transposed scales at (K block, first row), on the stage's `ready` barrier with the
-operands; TMA reads zeros past the rows), the rhs block scales by
+or (1, 256) box of the tile-major scales, on the stage's `ready` barrier with the operands), the rhs block scales by
 cp.async (one or two floats, each copied 64 times). A consumer's main loop: each step's wgmmas start from zero in a
 fresh register accumulator (promotion: Hopper's FP8 wgmma accumulates with ~14 bits, gmm_fp8.py); while they run,
 it reads the step's scales from shared memory (no global load waits in the loop: each waited on the saturated L2,
@@ -90,7 +89,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, schedule_ptr, rhs_scale_ptr, a_bufs, b_
         load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N,
                    BLOCK_N, BLOCK, True, sa_bytes, HALVES)
         if LHS_BLOCKS:  # After the expect, as every TMA copy on the barrier.
-          _tma_load(sa_desc, [kk, row0], ready.index(slot), sa_bufs.index(slot))
+          _tma_load(sa_desc, [t // num_n * k_steps + kk, 0], ready.index(slot), sa_bufs.index(slot))
         step += 1
 
 
@@ -211,11 +210,11 @@ def gmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, schedule_ptr, lhs_scale_ptr, 
                       LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
                       HALVES: gl.constexpr, MASKED_M: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, 128); rhs_desc over rhs viewed (G * N, K), box (BLOCK_N, 128); sa_desc over
-  the transposed lhs block scales (KB, M rounded up to 4), box (1, W), W the tile's 64 HALVES rows rounded up to a
-  power of 2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without
-  LHS_BLOCKS only); schedule_ptr: the schedule, or masked_m (G,) where MASKED_M (max_m of the masked layout) > 0;
-  out (M, N) through out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of
-  64 HALVES rows (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
+  the tile-major lhs block scales (R_MAX * KB, W), box (1, W), W the tile's 64 HALVES rows rounded up to a power of
+  2, in ROW_SCALE_LAYOUT (read with LHS_BLOCKS only); lhs_scale_ptr: the row scales (read without LHS_BLOCKS only);
+  schedule_ptr: the schedule, or masked_m (G,) where MASKED_M (max_m of the masked layout) > 0; out (M, N) through
+  out_ptr and descriptors made here (box (64, 128), shared-memory layout OUT_LAYOUT). Tiles of 64 HALVES rows
+  (HALVES 2, or 3 with BLOCK_N = 128), launched with MAXNREG[HALVES] registers."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK, S, OUT_LAYOUT, HALVES)
   s_bufs = gl.allocate_shared_memory(gl.float32, [S, SCALES], SCALE_LAYOUT)
   sa_bufs = gl.allocate_shared_memory(gl.float32, [S] + sa_desc.block_type.shape, ROW_SCALE_LAYOUT)
