@@ -200,18 +200,24 @@ def release_stages(ready, empty, step, k_steps, S: gl.constexpr, cluster_empty=N
 
 
 @gluon.jit
-def store_half(out_ptr, out_desc, c_buf, acc, row, col, half_store, N: gl.constexpr, BLOCK_N: gl.constexpr,
-               OUT_LAYOUT: gl.constexpr):
-  """Rows [row, row + half_store) of out (half_store <= 64) = the first rows of acc (64, BLOCK_N), through c_buf
-  and a TMA store: out_desc's (over out (M, N)) for a whole half, else a descriptor ending at its last row, which
-  clips the store (no tile writes a row of another)."""
+def store_half(out_ptr, out_desc, c_buf, acc, row, col, rows, WIDTH: gl.constexpr, BLOCK_N: gl.constexpr,
+               OUT_LAYOUT: gl.constexpr, TRANSPOSE: gl.constexpr = False):
+  """acc (64, BLOCK_N), or its transpose where TRANSPOSE, into out (.., WIDTH) at [row, col], rows [row, row + rows)
+  of it at most, through c_buf (64, BLOCK_N), or (BLOCK_N, 64), and a TMA store: out_desc's (over out, box c_buf's
+  shape) where the box holds rows of out only, else a descriptor ending at its last row, which clips the store (no
+  tile writes a row of another); columns past WIDTH are clipped by the view itself."""
+  box_rows: gl.constexpr = BLOCK_N if TRANSPOSE else HALF
+  box_cols: gl.constexpr = HALF if TRANSPOSE else BLOCK_N
   tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
-  c_buf.store(acc.to(out_ptr.dtype.element_ty))
+  if TRANSPOSE:
+    c_buf.permute((1, 0)).store(acc.to(out_ptr.dtype.element_ty))
+  else:
+    c_buf.store(acc.to(out_ptr.dtype.element_ty))
   fence_async_shared()
-  if half_store == HALF:
+  if rows >= box_rows:
     _tma_store(out_desc, [row, col], c_buf)
   else:
-    clipped = tma.make_tensor_descriptor(out_ptr, [row + half_store, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+    clipped = tma.make_tensor_descriptor(out_ptr, [row + rows, WIDTH], [WIDTH, 1], [box_rows, box_cols], OUT_LAYOUT)
     _tma_store(clipped, [row, col], c_buf)
 
 

@@ -93,7 +93,6 @@ def quantize_pair_grouped_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr
   st is an input, qt's scales per group and column (G + 1, C) (fp8_gmm's wgrad_scale="group"), block b's read at its
   group (blocks' third row) instead of computed. One program per block and 128 columns of x: grid (PB, CB). Rows of
   x in no block are neither read nor written."""
-  CB: tl.constexpr = (C + BLOCK - 1) // BLOCK
   RP: tl.constexpr = PB * BLOCK
   pb, cb = tl.program_id(0), tl.program_id(1)
   local = tl.arange(0, BLOCK)

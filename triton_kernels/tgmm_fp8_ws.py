@@ -28,11 +28,10 @@ scaled per group is lhs^T: its group scales stay column scales of the tile, appl
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK, row_channel_scales
-from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate, release_stages, store_half
+from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release_stages, store_half
 from jgmm.triton_kernels.tgmm_ws import group_tile, keep_only
 
 NUM_WARPS = 4  # The default partition (consumer 0); the launch runs 12 warps in all.
@@ -197,27 +196,13 @@ def _group_scaled(acc, rhs_scale_ptr, g, col0, steps, N: gl.constexpr, RHS_GROUP
 
 
 @gluon.jit
-def _store_transposed(out_ptr, out_desc, c_buf, acc, row, col, rows_left, K: gl.constexpr, OUT_LAYOUT: gl.constexpr):
-  """Rows [row, row + min(rows_left, 128)) x columns [col, col + 64) of out (G * N, K) = acc (64, 128) transposed,
-  through c_buf (128, 64) and a TMA store: out_desc's where the tile has 128 columns of N, else a descriptor ending
-  at the group's last row (no tile writes another group's); columns past K are clipped by the view itself."""
-  tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
-  c_buf.permute((1, 0)).store(acc.to(out_ptr.dtype.element_ty))
-  fence_async_shared()
-  if rows_left >= BLOCK:
-    _tma_store(out_desc, [row, col], c_buf)
-  else:
-    clipped = tma.make_tensor_descriptor(out_ptr, [row + rows_left, K], [K, 1], [BLOCK, HALF], OUT_LAYOUT)
-    _tma_store(clipped, [row, col], c_buf)
-
-
-@gluon.jit
 def _store(out_ptr, out_desc, c_buf, acc, g, ki, col0, half_rows, H: gl.constexpr, K: gl.constexpr,
            N: gl.constexpr, OUT_LAYOUT: gl.constexpr, TRANSPOSE_OUT: gl.constexpr):
   """acc (64 K rows from 128 ki + 64 H, 128 columns of N from col0; half_rows of them rows of K) into out[g]: (K, N),
   or (N, K) where TRANSPOSE_OUT."""
   if TRANSPOSE_OUT:
-    _store_transposed(out_ptr, out_desc, c_buf, acc, g * N + col0, ki * BLOCK + H * HALF, N - col0, K, OUT_LAYOUT)
+    store_half(out_ptr, out_desc, c_buf, acc, g * N + col0, ki * BLOCK + H * HALF, N - col0, K, BLOCK, OUT_LAYOUT,
+               True)
   else:
     store_half(out_ptr, out_desc, c_buf, acc, g * K + ki * BLOCK + H * HALF, col0, half_rows, N, BLOCK, OUT_LAYOUT)
 
