@@ -441,8 +441,9 @@ def _tile_scales(lhs_scale, first_rows, block_m):
   whose row r * KB + kb holds K block kb's scales of the W rows from first_rows[r] (first_rows (R,); row M - 1's
   past M: the kernel reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a
   16-byte aligned address, which a tile starting at any row would not give, of lhs_scale (M, KB) or of its
-  transpose (KB, M) (a TMA box starting at an unaligned column stops the kernel with an illegal instruction:
-  docs/perf-notes.md, session 34). With row scales (M,), a (1, W) placeholder the kernel never reads."""
+  transpose (KB, M) (boxes of that transpose at a group's first row: an illegal instruction on the H100 where a
+  group started at a row no multiple of 4, docs/perf-notes.md, session 34). With row scales (M,), a (1, W)
+  placeholder the kernel never reads."""
   width = geometry.next_pow2(block_m)
   if lhs_scale.ndim == 1:
     return jnp.zeros((1, width), jnp.float32)
