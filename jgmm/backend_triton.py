@@ -8,6 +8,7 @@ The GPU the kernels are built for: JGMM_TARGET (e.g. cuda:90, which also lets a 
 for a GPU), else the first GPU jax sees, else Triton's interpreter (TRITON_INTERPRET=1 on the CPU).
 """
 import dataclasses
+import math
 import os
 
 import jax
@@ -679,11 +680,27 @@ def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, num_groups=None):
                     TILE=tile, TILE_T=tile_t)
 
 
+def _quantize_pair_blocks_lanes(x, blocks, dtype):
+  """(q (G, R, C), scale (G, RB, CB), qt (G, C, R), scale_t (G, CB, RB)) of x (G, R, C) or (R, C) (then no G) in
+  128x128 blocks by quantize_pair_grouped_lanes_kernel (CUDA, TILE_SCALES), blocks (2, RB) on the rows' grid."""
+  *batch, r, c = x.shape
+  cb, rb = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
+  tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
+  scale_t, q, scale, qt = ffi.triton_call(
+      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
+      out_shape=[jax.ShapeDtypeStruct((*batch, cb, rb), jnp.float32), jax.ShapeDtypeStruct(x.shape, dtype),
+                 jax.ShapeDtypeStruct((*batch, rb, cb), jnp.float32), jax.ShapeDtypeStruct((*batch, c, r), dtype)],
+      grid=(math.prod(batch) * cb * rb,), num_warps=quantize_kernels.LANES_WARPS,
+      maxnreg=quantize_kernels.LANES_MAXNREG, name="jgmm_quantize_pair_blocks_lanes", R=r, C=c, PB=rb, RT=r,
+      FMAX=quantize.FP8_MAX[dtype], TILE=tile, TILE_T=tile_t, TILE_SCALES=True)
+  return q, scale, qt, scale_t
+
+
 def quantize_pair(x, *, recipe, dtype):
-  """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel; on CUDA with 1x128 blocks
-  quantize_pair_grouped_lanes_kernel, its blocks on the 128-row grid), where the FP8 format has a Triton kernel on
-  this device (check_fp8_format); an empty x and 128x128 blocks of a float32 x (triton_kernels/quantize.py's
-  docstring says why) through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
+  """backend_xla.quantize_pair in one pass over x (quantize_pair_kernel; on CUDA quantize_pair_grouped_lanes_kernel,
+  its blocks on the rows' 128-row grid), where the FP8 format has a Triton kernel on this device
+  (check_fp8_format); an empty x and 128x128 blocks of a float32 x (triton_kernels/quantize.py's docstring says
+  why) through backend_xla. jgmm.fp8.quantize_pair validated recipe and shape."""
   dtype = jnp.dtype(dtype)
   device = _device()
   check_fp8_format(dtype, device)
@@ -694,10 +711,12 @@ def quantize_pair(x, *, recipe, dtype):
   block = quantize_kernels.BLOCK.value
   rb, cb = geometry.cdiv(r, block), geometry.cdiv(c, block)
   rowwise = recipe == "1x128"
-  if rowwise and device.cuda:
+  if device.cuda:
     first = jnp.arange(rb, dtype=jnp.int32) * block
-    blocks = jnp.stack([first, jnp.full_like(first, r)])  # [128 b, R): M's grid.
-    return _quantize_pair_lanes(x, blocks, r, dtype, "jgmm_quantize_pair_lanes")
+    blocks = jnp.stack([first, jnp.full_like(first, r)])  # [128 b, R): the rows' grid.
+    if rowwise:
+      return _quantize_pair_lanes(x, blocks, r, dtype, "jgmm_quantize_pair_lanes")
+    return _quantize_pair_blocks_lanes(x, blocks, dtype)
   out_shape = [jax.ShapeDtypeStruct(x.shape, dtype),
                jax.ShapeDtypeStruct((r, cb) if rowwise else (*batch, rb, cb), jnp.float32),
                jax.ShapeDtypeStruct((*batch, c, r), dtype),

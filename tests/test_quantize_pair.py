@@ -327,17 +327,17 @@ class CrossLoweringTest(parameterized.TestCase):
 
   @parameterized.product(CASES, dtype=(jnp.bfloat16, jnp.float16, jnp.float32))
   def test_default_on_cuda(self, shape, recipe, dtype):
-    """The kernel, except for float32 x with 128x128 blocks (XLA's passes: triton_kernels/quantize.py says why):
-    with 1x128 blocks the lanes kernel on the 128-row grid."""
+    """The lanes kernel on the 128-row grid (with 128x128 blocks its TILE_SCALES), except for float32 x with
+    128x128 blocks (XLA's passes: triton_kernels/quantize.py says why)."""
     with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
         mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
       text = jax.jit(lambda x: jgmm.quantize_pair(x, recipe)).trace(
           jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",)).as_text()
     kernel = recipe == "1x128" or dtype != jnp.float32
     self.assertEqual("triton_kernel_call" in text, kernel)
-    self.assertEqual([c.args[0].__name__ for c in compile_kernel.call_args_list],
-                     [] if not kernel else ["quantize_pair_grouped_lanes_kernel"] if recipe == "1x128"
-                     else ["quantize_pair_kernel"])
+    self.assertEqual([(c.args[0].__name__, c.args[2].get("TILE_SCALES", False))
+                      for c in compile_kernel.call_args_list],
+                     [("quantize_pair_grouped_lanes_kernel", recipe == "128x128")] if kernel else [])
 
 
   @parameterized.parameters(jnp.bfloat16, jnp.float16, jnp.float32)
@@ -363,15 +363,15 @@ class CrossLoweringTest(parameterized.TestCase):
         mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
       jax.jit(grad).trace(s((m, 256), jnp.bfloat16), s((groups, 256, 384), jnp.bfloat16),
                           s((groups,), jnp.int32)).lower(lowering_platforms=("cuda",))
-    kernels = [(c.args[0].__name__, c.args[2].get("ROWWISE")) for c in compile_kernel.call_args_list]
-    self.assertIn(("tgmm_fp8_ws_kernel", None), kernels)
+    kernels = [c.args[0].__name__ for c in compile_kernel.call_args_list]
+    self.assertIn("tgmm_fp8_ws_kernel", kernels)
+    self.assertNotIn("quantize_pair_kernel", kernels)
     # The grouped quantisation (PB past M's grid) or 1x128 on M's grid, both by the lanes kernel; the weights'
-    # 128x128 by quantize_pair_kernel.
-    lanes = [c.args[2]["PB"] for c in compile_kernel.call_args_list
+    # 128x128 by the lanes kernel too (TILE_SCALES: PB the weights' 2 row blocks).
+    lanes = [(c.args[2]["PB"], c.args[2].get("TILE_SCALES", False)) for c in compile_kernel.call_args_list
              if c.args[0].__name__ == "quantize_pair_grouped_lanes_kernel"]
-    self.assertEqual(len(lanes), 2)  # lhs and dout
-    self.assertTrue(all((pb > -(-m // 128)) == grouped for pb in lanes), lanes)
-    self.assertIn(("quantize_pair_kernel", False), kernels)
+    self.assertEqual(sorted(tile for _, tile in lanes), [False, False, True])  # lhs, dout; the weights
+    self.assertTrue(all((pb > -(-m // 128)) == grouped for pb, tile in lanes if not tile), lanes)
 
 
 @absltest.skipIf(not ON_GPU, "needs a GPU")

@@ -173,7 +173,8 @@ def lanes_layouts(num_warps: int, warps_c: int = 2):
 @gluon.jit
 def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, qt_ptr, R: gl.constexpr,
                                        C: gl.constexpr, PB: gl.constexpr, RT: gl.constexpr, FMAX: gl.constexpr,
-                                       TILE: gl.constexpr, TILE_T: gl.constexpr, GIVEN_SCALE_T: gl.constexpr = False):
+                                       TILE: gl.constexpr, TILE_T: gl.constexpr, GIVEN_SCALE_T: gl.constexpr = False,
+                                       TILE_SCALES: gl.constexpr = False):
   """quantize_pair_grouped_kernel's outputs (float8_e4m3fn q and qt) with a layout that stores both from registers
   (lanes_layouts; the plain kernel transposes through shared memory a byte at a time) and each row's and column's
   scale and reciprocal computed by one thread (two at 8 warps), not by every thread holding the row or column.
@@ -181,11 +182,14 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
   columns first (x's rows and q's read and written whole by neighbouring programs): grid (CB * PB,). qt (C, RT):
   RT = 128 PB (quantize_pair_grouped_kernel's qt), or R with blocks on the 128-row grid (quantize_pair_kernel's
   1x128 qt: blocks [128 b, R), PB = cdiv(R, 128)); qt's columns past RT are not written. GIVEN_SCALE_T: st is an
-  input (G + 1, C), read at each block's group instead of computed (quantize_pair_grouped_kernel's)."""
+  input (G + 1, C), read at each block's group instead of computed (quantize_pair_grouped_kernel's).
+  TILE_SCALES: quantize_pair_kernel's 128x128 blocks of x (G, R, C) (q (G, R, C), qt (G, C, RT = R), blocks on the
+  128-row grid): one scale a tile, s (G, PB, CB) and st (G, CB, PB); grid (G * CB * PB,), matrix after matrix."""
   CB: gl.constexpr = (C + BLOCK - 1) // BLOCK
   OFFSET: gl.constexpr = gl.int64 if BLOCK * max(C, RT) >= 2**31 else gl.int32
   ONE: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])  # A row's or column's scale a thread.
-  cb, pb = gl.program_id(0) % CB, gl.program_id(0) // CB
+  g, tile_id = gl.program_id(0) // (CB * PB), gl.program_id(0) % (CB * PB)
+  cb, pb = tile_id % CB, tile_id // CB
   first = gl.load(blocks_ptr + pb)
   end = gl.minimum(gl.load(blocks_ptr + PB + pb), R)
   r_local = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, TILE))
@@ -193,26 +197,34 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
   rows, cols = first + r_local, cb * BLOCK + c_local
   mask = gl.expand_dims((rows >= 0) & (rows < end), 1) & gl.expand_dims(cols < C, 0)
   # 64-bit bases per tile, offsets within it in OFFSET: x and q at [r, c] -> r * C + c, qt at [c, r] -> c * RT + r.
-  tile = first.to(gl.int64) * C + cb * BLOCK
+  tile = (g.to(gl.int64) * R + first) * C + cb * BLOCK
   offsets = gl.expand_dims(r_local.to(OFFSET), 1) * C + gl.expand_dims(c_local, 0)
   x = gl.load(x_ptr + tile + offsets, mask=mask, other=0.0).to(gl.float32)
-  one = gl.arange(0, BLOCK, layout=ONE)
-  scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
-  gl.store(s_ptr + cb.to(gl.int64) * R + first + one, scale, mask=(first + one >= 0) & (first + one < end))
-  if GIVEN_SCALE_T:
-    group = gl.load(blocks_ptr + 2 * PB + pb)
-    scale_t = gl.load(st_ptr + group.to(gl.int64) * C + cb * BLOCK + one, mask=cb * BLOCK + one < C, other=1.0)
-  else:
-    scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
-    gl.store(st_ptr + pb.to(gl.int64) * C + cb * BLOCK + one, scale_t, mask=cb * BLOCK + one < C)
-  inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
-  inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
   dtype: gl.constexpr = q_ptr.dtype.element_ty
-  gl.store(q_ptr + tile + offsets, (x * gl.expand_dims(inverse, 1)).to(dtype), mask=mask)
-  qt = gl.convert_layout((x * gl.expand_dims(inverse_t, 0)).to(dtype), TILE_T)  # Registers renamed, no data moved.
+  if TILE_SCALES:
+    scale = _scale(gl.reduce(gl.reduce(gl.abs(x), 1, _nan_max), 0, _nan_max), FMAX)
+    gl.store(s_ptr + (g * PB + pb) * CB + cb, scale)
+    gl.store(st_ptr + (g * CB + cb) * PB + pb, scale)
+    q = (x * gl.div_rn(1.0, scale)).to(dtype)
+    gl.store(q_ptr + tile + offsets, q, mask=mask)
+    qt = gl.convert_layout(q, TILE_T)  # Registers renamed, no data moved.
+  else:
+    one = gl.arange(0, BLOCK, layout=ONE)
+    scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
+    gl.store(s_ptr + cb.to(gl.int64) * R + first + one, scale, mask=(first + one >= 0) & (first + one < end))
+    if GIVEN_SCALE_T:
+      group = gl.load(blocks_ptr + 2 * PB + pb)
+      scale_t = gl.load(st_ptr + group.to(gl.int64) * C + cb * BLOCK + one, mask=cb * BLOCK + one < C, other=1.0)
+    else:
+      scale_t = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 0, _nan_max), ONE), FMAX)
+      gl.store(st_ptr + pb.to(gl.int64) * C + cb * BLOCK + one, scale_t, mask=cb * BLOCK + one < C)
+    inverse = gl.convert_layout(gl.div_rn(gl.full_like(scale, 1.0), scale), gl.SliceLayout(1, TILE))
+    inverse_t = gl.convert_layout(gl.div_rn(gl.full_like(scale_t, 1.0), scale_t), gl.SliceLayout(0, TILE))
+    gl.store(q_ptr + tile + offsets, (x * gl.expand_dims(inverse, 1)).to(dtype), mask=mask)
+    qt = gl.convert_layout((x * gl.expand_dims(inverse_t, 0)).to(dtype), TILE_T)  # Registers renamed.
   rt = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, TILE_T))
   ct = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, TILE_T))
-  tile_t = cb.to(gl.int64) * BLOCK * RT + pb * BLOCK
+  tile_t = (g.to(gl.int64) * C + cb * BLOCK) * RT + pb * BLOCK
   offsets_t = gl.expand_dims(ct.to(OFFSET), 0) * RT + gl.expand_dims(rt, 1)
   gl.store(qt_ptr + tile_t + offsets_t, qt,
            mask=gl.expand_dims(pb * BLOCK + rt < RT, 1) & gl.expand_dims(cb * BLOCK + ct < C, 0))
