@@ -205,9 +205,10 @@ def quantize_pair_grouped_lanes_kernel(x_ptr, blocks_ptr, st_ptr, q_ptr, s_ptr, 
     scale = _scale(gl.reduce(gl.reduce(gl.abs(x), 1, _nan_max), 0, _nan_max), FMAX)
     gl.store(s_ptr + (g * PB + pb) * CB + cb, scale)
     gl.store(st_ptr + (g * CB + cb) * PB + pb, scale)
-    q = (x * gl.div_rn(1.0, scale)).to(dtype)
-    gl.store(q_ptr + tile + offsets, q, mask=mask)
-    qt = gl.convert_layout(q, TILE_T)  # Registers renamed, no data moved.
+    inverse = gl.div_rn(1.0, scale)
+    gl.store(q_ptr + tile + offsets, (x * inverse).to(dtype), mask=mask)
+    # x's float32 registers renamed, no data moved (q's converted instead: wrong values, packed 8-bit registers).
+    qt = (gl.convert_layout(x, TILE_T) * inverse).to(dtype)
   else:
     one = gl.arange(0, BLOCK, layout=ONE)
     scale = _scale(gl.convert_layout(gl.reduce(gl.abs(x), 1, _nan_max), ONE), FMAX)
