@@ -489,9 +489,11 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     names = [name for name, _ in calls]
     group = wgrad_scale == "group"
     self.assertEqual(names.count("block_column_amax_kernel"), int(group))
-    lanes = [flags.get("GIVEN_SCALE_T", False) for name, flags in calls
-             if name == "quantize_pair_grouped_lanes_kernel"]
-    self.assertEqual(sorted(lanes), [False, group])  # lhs's and dout's; one reads the group scales.
+    lanes = [flags for name, flags in calls if name == "quantize_pair_grouped_lanes_kernel"]
+    # The weights' 128x128 (TILE_SCALES), and lhs's and dout's, of which one reads the group scales.
+    self.assertEqual(sorted(flags.get("TILE_SCALES", False) for flags in lanes), [False, False, True])
+    self.assertEqual(sorted(flags.get("GIVEN_SCALE_T", False) for flags in lanes if not flags.get("TILE_SCALES")),
+                     [False, group])
     (tgmm_flags,) = [flags for name, flags in calls if name == "tgmm_fp8_ws_kernel"]
     self.assertEqual(tgmm_flags.get("RHS_GROUPS", False), group)
     self.assertEqual(tgmm_flags.get("TRANSPOSE_OUT", False), group and (k < n) != transpose_rhs)

@@ -13,7 +13,7 @@ differ by one FP8 step where x / scale lies within a float32 ulp of a rounding b
 RB = cdiv(R, 128), CB = cdiv(C, 128). Elements past R or C are read as zeros and not written. A block holding NaN
 gets a NaN scale and NaN values (the zero padding of a grouped transposed block too), one holding inf (and no NaN)
 an inf scale, zeros and NaN where x is inf, as jgmm.quantize's division gives. On CUDA the grouped quantisation
-and quantize_pair's 1x128 run quantize_pair_grouped_lanes_kernel (Gluon, at the end of this file), elsewhere
+and quantize_pair (both recipes) run quantize_pair_grouped_lanes_kernel (Gluon, at the end of this file), elsewhere
 quantize_pair_grouped_kernel and quantize_pair_kernel.
 x is 2-byte with 128x128 blocks: for float32 x one of the two stores wrote wrong values on an H100 (Triton 3.6,
 whether or not q and qt were one value), so jgmm quantises float32 weights through XLA. This is what
