@@ -5,11 +5,11 @@ checked to float32 accuracy with float32 output; DeepGEMM's criterion 1 - 2 sum(
 checks the FP8 result against the product of the unquantised inputs.
 """
 import functools
-import secrets
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 
 import jgmm
@@ -23,13 +23,8 @@ except AttributeError:  # jax without the top-level alias.
 E4M3 = {"e4m3fn": jnp.float8_e4m3fn, "e4m3fnuz": jnp.float8_e4m3fnuz}
 
 
-class Fp8TestBase(parameterized.TestCase):
+class Fp8TestBase(seeded.SeededTestCase):
   backend = "xla"
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
 
   def normal(self, shape):
     # Rows of different magnitudes, so a scale applied to the wrong rows or blocks shows.

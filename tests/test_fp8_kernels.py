@@ -10,12 +10,12 @@ dequantised oracle and DeepGEMM's criterion against the bf16 product, through th
 import dataclasses
 import os
 import re
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 import triton
 from absl.testing import absltest, parameterized
 
@@ -34,12 +34,7 @@ GPU_TOL = 1e-3
 RECIPES = (("row", "row"), ("1x128", "128x128"), ("row", "128x128"), ("1x128", "row"))
 
 
-class Fp8KernelTestBase(parameterized.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
+class Fp8KernelTestBase(seeded.SeededTestCase):
 
   def quantized(self, shape, recipe, dtype=jnp.float8_e4m3fn):
     """(q, scale) of random rows of different magnitudes; q in `dtype` (float32 stands in for FP8 under the

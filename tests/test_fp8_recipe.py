@@ -4,11 +4,11 @@ the portable backend; a short training run follows the bf16 loss curve.
 """
 import dataclasses
 import functools
-import secrets
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 
 import jgmm
@@ -17,13 +17,8 @@ from jgmm import oracle, quantize
 CRITERION = 1e-3
 
 
-class Fp8RecipeTest(parameterized.TestCase):
+class Fp8RecipeTest(seeded.SeededTestCase):
   backend = None  # The platform's default: the kernels on a GPU, the portable backend elsewhere.
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
 
   def normal(self, shape, dtype=jnp.bfloat16):
     return jnp.asarray(self.rng.standard_normal(shape), dtype)

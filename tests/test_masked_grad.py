@@ -3,12 +3,12 @@ against the float64 oracle: the portable one, the Triton kernels under the inter
 outputs) and on a GPU (skipped without one). Also: they give jax.grad's values of jgmm.masked_gmm.
 """
 import os
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 
 import jgmm
@@ -36,15 +36,10 @@ def grads(x, w, dout, masked_m, backend, config, dtype):
   return fn(x, w, dout, masked_m)
 
 
-class MaskedGradTest(parameterized.TestCase):
+class MaskedGradTest(seeded.SeededTestCase):
   backend = "xla"
   config = None
   f32_tol = 1e-5
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
 
   def normal(self, shape, dtype=jnp.float32):
     return jnp.asarray(self.rng.standard_normal(shape), dtype)

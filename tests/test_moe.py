@@ -7,7 +7,6 @@ CPU devices of tests/conftest.py.
 import importlib.util
 import os
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 from jax import lax
 from jax.sharding import Mesh
@@ -108,12 +108,7 @@ def moe_reference(x, logits, w_gate_up, w_down, top_k, score="softmax"):
   return jnp.einsum("tk,tkh->th", weights, y)
 
 
-class MoeTestBase(parameterized.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
+class MoeTestBase(seeded.SeededTestCase):
 
   def assert_close(self, actual, expected, what, tol=TOL):
     err = oracle.rel_err(actual, expected)

@@ -6,12 +6,12 @@ NaN-poisons every output before the kernel runs), where it keeps to float32 (the
 are wrong) and small tiles.
 """
 import os
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 from jax.test_util import check_grads
 
@@ -50,14 +50,12 @@ def group_sizes(kind, m, g, rng):
 GROUP_KINDS = ("uniform", "skewed", "zeros", "all_zero", "one_hot", "short", "over", "negative")
 
 
-class OpsTestBase(parameterized.TestCase):
+class OpsTestBase(seeded.SeededTestCase):
   backend = "xla"
   interpret = False
 
   def setUp(self):
     super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
     self.config = jgmm.Config(block_m=16, block_n=16, block_k=16, num_warps=1) if self.interpret else None
 
   def skip_unless_supported(self, dtype_name="f32", big=False):

@@ -7,12 +7,12 @@ oracle rounded by ml_dtypes), bit for bit, and within one FP8 step of the portab
 Cross-lowering: the default on CUDA is the kernel.
 """
 import os
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 from triton.runtime import interpreter
 
@@ -120,12 +120,7 @@ def plain_grouped_kernel(x, blocks, out_dtype):
   return jax.jit(lambda x, blocks: backend_triton.quantize_pair_grouped_plain(x, blocks, out_dtype, 448.0))(x, blocks)
 
 
-class QuantizePairTestBase(parameterized.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
+class QuantizePairTestBase(seeded.SeededTestCase):
 
   def operand(self, shape, dtype=jnp.bfloat16, nonfinite=False):
     """Rows of different magnitudes, the first five all zero (scale 1); with nonfinite, a NaN in the last row's

@@ -9,12 +9,12 @@ widened before they are clipped (a narrow dtype once wrapped the clip bound M). 
 interpreter, float32 and small tiles). GPU-only: precision=HIGHEST gives exact float32 products.
 """
 import os
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 from jax import export, lax
 from jax.test_util import check_grads
@@ -39,14 +39,12 @@ def dense_ragged_dot(x, w, sizes):
   return jnp.einsum("mg,mk,gkn->mn", in_group, x, w, precision=HIGHEST)
 
 
-class TransformsTestBase(parameterized.TestCase):
+class TransformsTestBase(seeded.SeededTestCase):
   backend = "xla"
   interpret = False
 
   def setUp(self):
     super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
     self.config = jgmm.Config(block_m=16, block_n=16, block_k=16, num_warps=1) if self.interpret else None
     self.ops = dict(config=self.config, backend=self.backend)
 

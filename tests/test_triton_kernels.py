@@ -9,12 +9,12 @@ GPU (skipped without one): bf16/fp16/fp32, real tiles, large odd shapes and offs
 import dataclasses
 import os
 import re
-import secrets
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seeded
 from absl.testing import absltest, parameterized
 
 from jgmm import backend_triton, config_table, oracle
@@ -60,12 +60,7 @@ def rel_err(actual, expected):
   return oracle.rel_err(np.asarray(actual, np.float32), expected)
 
 
-class KernelTestBase(parameterized.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.seed = secrets.randbits(32)
-    self.rng = np.random.default_rng(self.seed)
+class KernelTestBase(seeded.SeededTestCase):
 
   def normal(self, shape, dtype=jnp.float32):
     return jnp.asarray(self.rng.standard_normal(shape), dtype)
