@@ -1,4 +1,4 @@
-"""Pieces shared by the gmm, masked and tgmm kernels: tile order, activations, masked stores."""
+"""Pieces shared by the gmm, masked and tgmm kernels: tile order, a tgmm's lhs offsets, activations, masked stores."""
 import triton
 import triton.language as tl
 
@@ -17,6 +17,20 @@ def tile_coords(local, m_tiles, N_TILES, GROUP_M: tl.constexpr):
   band_m = tl.minimum(m_tiles - first_m, GROUP_M)
   within = local - band * tiles_per_band
   return first_m + within % band_m, within // band_m
+
+
+@triton.jit
+def tgmm_lhs_offsets(M, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_LHS: tl.constexpr,
+                     OFFSET: tl.constexpr):
+  """A tgmm's lhs tile offsets (BLOCK_M of K, BLOCK_K rows of M), element [k, r] of lhs (K, M), or of lhs (M, K)
+  where TRANSPOSE_LHS, from the tile's first element: r * K + k in OFFSET, or k * M + r in int64 (M is a runtime
+  value)."""
+  rows = tl.arange(0, BLOCK_K)
+  k_local = tl.arange(0, BLOCK_M)
+  if TRANSPOSE_LHS:
+    return rows.to(OFFSET)[None, :] * K + k_local[:, None]
+  else:
+    return k_local.to(tl.int64)[:, None] * M + rows[None, :]
 
 
 @triton.jit

@@ -30,7 +30,7 @@ offsets within it where they fit).
 import triton
 import triton.language as tl
 
-from jgmm.triton_kernels.common import store_tile, tile_coords
+from jgmm.triton_kernels.common import store_tile, tgmm_lhs_offsets, tile_coords
 from jgmm.triton_kernels.gmm import _zero_tile, group_table, group_tile, zero_tile_rows
 
 SCALE_BLOCK = tl.constexpr(128)  # Elements per scale block along K (and along M for tgmm).
@@ -257,10 +257,7 @@ def tgmm_fp8_kernel(lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, 
   local = tl.arange(0, BLOCK_K)
   k_local = tl.arange(0, BLOCK_M)
   n_local = tl.arange(0, BLOCK_N)
-  if TRANSPOSE_LHS:  # lhs (M, K): element [k, r] at r * K + k
-    a_offsets = local.to(OFFSET)[None, :] * K + k_local[:, None]
-  else:  # lhs (K, M): element [k, r] at k * M + r; M is only known at run time: int64 offsets
-    a_offsets = k_local.to(tl.int64)[:, None] * M + local[None, :]
+  a_offsets = tgmm_lhs_offsets(M, K, BLOCK_M, BLOCK_K, TRANSPOSE_LHS, OFFSET)
   if TRANSPOSE_RHS:  # rhs (N, M): element [r, n] at n * M + r
     b_offsets = local[:, None] + n_local.to(tl.int64)[None, :] * M
   else:  # rhs (M, N): element [r, n] at r * N + n

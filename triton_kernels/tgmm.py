@@ -8,7 +8,7 @@ masked pointer loads (64-bit base per step, int32 offsets within it where they c
 import triton
 import triton.language as tl
 
-from jgmm.triton_kernels.common import store_tile, tile_coords
+from jgmm.triton_kernels.common import store_tile, tgmm_lhs_offsets, tile_coords
 
 
 @triton.jit
@@ -69,10 +69,7 @@ def tgmm_kernel(lhs_ptr, rhs_ptr, bounds_ptr, existing_ptr, M, out_ptr, dbias_pt
   local = tl.arange(0, BLOCK_K)
   k_local = tl.arange(0, BLOCK_M)
   n_local = tl.arange(0, BLOCK_N)
-  if TRANSPOSE_LHS:  # lhs (M, K): element [k, r] at r * K + k
-    a_offsets = local.to(OFFSET)[None, :] * K + k_local[:, None]
-  else:  # lhs (K, M): element [k, r] at k * M + r; M is only known at run time: int64 offsets
-    a_offsets = k_local.to(tl.int64)[:, None] * M + local[None, :]
+  a_offsets = tgmm_lhs_offsets(M, K, BLOCK_M, BLOCK_K, TRANSPOSE_LHS, OFFSET)
   b_offsets = local.to(OFFSET)[:, None] * N + n_local[None, :]
   existing_offsets = k_local.to(OFFSET)[:, None] * N + n_local[None, :]
 
