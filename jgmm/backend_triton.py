@@ -672,12 +672,17 @@ def _quantize_pair_lanes(x, blocks, qt_rows, dtype, name, num_groups=None):
   (CUDA), x's rows in the blocks (2 or 3, PB) int32; num_groups as quantize_pair_grouped_plain's."""
   r, c = x.shape
   cb, padded_blocks = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
+  return _pair_call(x, blocks, num_groups, out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype),
+                    grid=(cb * padded_blocks,), name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows,
+                    **_lanes_launch(dtype))
+
+
+def _lanes_launch(dtype):
+  """quantize_pair_grouped_lanes_kernel's launch arguments that do not depend on x: the kernel, its warps,
+  registers and register layouts, and the FP8 maximum of dtype."""
   tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
-  return _pair_call(x, blocks, num_groups, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
-                    out_shape=_rowwise_pair_shapes(x, qt_rows, padded_blocks, dtype), grid=(cb * padded_blocks,),
-                    num_warps=quantize_kernels.LANES_WARPS, maxnreg=quantize_kernels.LANES_MAXNREG,
-                    name=name, R=r, C=c, PB=padded_blocks, RT=qt_rows, FMAX=quantize.FP8_MAX[dtype],
-                    TILE=tile, TILE_T=tile_t)
+  return dict(kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel, num_warps=quantize_kernels.LANES_WARPS,
+              maxnreg=quantize_kernels.LANES_MAXNREG, FMAX=quantize.FP8_MAX[dtype], TILE=tile, TILE_T=tile_t)
 
 
 def _quantize_pair_blocks_lanes(x, blocks, dtype):
@@ -685,14 +690,12 @@ def _quantize_pair_blocks_lanes(x, blocks, dtype):
   128x128 blocks by quantize_pair_grouped_lanes_kernel (CUDA, TILE_SCALES), blocks (2, RB) on the rows' grid."""
   *batch, r, c = x.shape
   cb, rb = geometry.cdiv(c, quantize_kernels.BLOCK.value), blocks.shape[1]
-  tile, tile_t = quantize_kernels.lanes_layouts(quantize_kernels.LANES_WARPS)
   scale_t, q, scale, qt = ffi.triton_call(
-      x, blocks, kernel=quantize_kernels.quantize_pair_grouped_lanes_kernel,
+      x, blocks,
       out_shape=[jax.ShapeDtypeStruct((*batch, cb, rb), jnp.float32), jax.ShapeDtypeStruct(x.shape, dtype),
                  jax.ShapeDtypeStruct((*batch, rb, cb), jnp.float32), jax.ShapeDtypeStruct((*batch, c, r), dtype)],
-      grid=(math.prod(batch) * cb * rb,), num_warps=quantize_kernels.LANES_WARPS,
-      maxnreg=quantize_kernels.LANES_MAXNREG, name="jgmm_quantize_pair_blocks_lanes", R=r, C=c, PB=rb, RT=r,
-      FMAX=quantize.FP8_MAX[dtype], TILE=tile, TILE_T=tile_t, TILE_SCALES=True)
+      grid=(math.prod(batch) * cb * rb,), name="jgmm_quantize_pair_blocks_lanes", R=r, C=c, PB=rb, RT=r,
+      TILE_SCALES=True, **_lanes_launch(dtype))
   return q, scale, qt, scale_t
 
 
