@@ -17,6 +17,10 @@ case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, w
 (session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first
 adds a one-element update (a few us), so jgmm's figures are, if anything, low. torch's eager calls dispatch in
 about 10 us and are timed one by one.
+A second table times each implementation's product kernels alone, as DeepGEMM times its published figures
+(timing.kernel_ms: the kernels' own durations from the profiler, the L2 flushed before each call, one call at a
+time): jgmm's Triton kernel without the small XLA kernels before it, torch's GEMM kernels. The bar against
+DeepGEMM's figures compares like with like there; the first table is what a call costs under sustained load.
 
 `python -m jgmm.bench --fp8 --tune` first tunes the keys of the cases' FP8 products in both recipes (tune_argv:
 jgmm-tune --shape lines) into out_dir/tuned.json, a table for JGMM_CONFIG_FILES or configs/; the products here
@@ -43,6 +47,9 @@ DEEPGEMM = {("masked", 1, 1024, 4096, 7168): 1233, ("masked", 2, 512, 4096, 7168
             ("masked", 2, 512, 7168, 2048): 916, ("masked", 4, 256, 7168, 2048): 815,
             ("contiguous", 4, 8192, 4096, 7168): 1346, ("contiguous", 8, 4096, 4096, 7168): 1346,
             ("contiguous", 4, 8192, 7168, 2048): 1214, ("contiguous", 8, 4096, 7168, 2048): 1214}
+# Names of the product kernels whose durations the kernel columns count (timing.kernel_ms regexes): jgmm's Triton
+# gmm kernels (not the XLA fusions before them), and torch's cuBLAS / CUTLASS GEMMs.
+KERNELS = {"jgmm": r"^(masked_)?gmm_", "torch": r"(?i)gemm|nvjet|cutlass|xmma"}
 RECIPE_CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down")
 # The FP8 recipes timed (jax_impls' jgmm_fp8_<name>): config_table.FP8_RECIPES names.
 RECIPES = {"blocks": "1x128-128x128", "rowwise": "row-channel"}
@@ -160,10 +167,30 @@ def bench_fp8_case(layout, g, rows, n, k):
   fns.update({name: (fn, torch_sync) for name, fn in torch_fns.items()})
   ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
   ms = {name: t / runs if name in impls else t for name, t in ms.items()}
+  kernel_ms = _kernel_ms(jax_impls(layout, rows, x, w_nk, groups, 1), torch_fns, torch_sync)
   flops = 2 * valid * n * k
+  tflops = lambda t: flops / t / 1e9 if t else None
   return {"layout": layout, "g": g, "rows": rows, "n": n, "k": k, "valid_rows": valid, "jgmm_runs_per_call": runs,
           "deepgemm_tflops": DEEPGEMM.get((layout, g, rows, n, k)),
-          "impls": {name: {"ms": t, "tflops": flops / t / 1e9} for name, t in ms.items()}}
+          "impls": {name: {"ms": t, "tflops": tflops(t), "kernel_ms": kernel_ms.get(name),
+                           "kernel_tflops": tflops(kernel_ms.get(name))} for name, t in ms.items()}}
+
+
+def _kernel_ms(jax_fns, torch_fns, torch_sync):
+  """{impl: ms} of each implementation's product kernels alone, as DeepGEMM times its published figures
+  (timing.kernel_ms: the L2 flushed before each call, the call's other kernels not counted): jgmm's
+  (KERNELS["jgmm"]) from jax_fns (jax_impls' with runs=1), torch's GEMM kernels from torch_fns. An implementation
+  whose kernels the profiler does not find is left out (reason printed)."""
+  fns = {name: (fn, timing.jax_sync, KERNELS["jgmm"]) for name, fn in jax_fns.items()}
+  fns |= {name: (fn, torch_sync, KERNELS["torch"]) for name, fn in torch_fns.items()}
+  result = {}
+  for name, (fn, sync, kernel) in fns.items():
+    sync(fn())  # compiled outside the trace
+    try:
+      result[name] = timing.kernel_ms(fn, sync, kernel)
+    except LookupError as e:
+      print(f"  {name}: no kernel time: {e}", flush=True)
+  return result
 
 
 def bench_recipe(name, m, k, n, g):
@@ -196,20 +223,22 @@ def _print(results, recipe):
 
 
 def _print_products(results):
-  print("\nFP8 (TFLOP/s on the valid rows; DeepGEMM: published, H800)")
-  print("| layout | G x rows | N, K | jgmm fp8 blocks | jgmm fp8 rowwise | jgmm bf16 | torch scaled_grouped_mm "
-        "| torch scaled_mm dense | DeepGEMM | blocks vs DeepGEMM | blocks vs torch |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in results:
-    t = {name: row["tflops"] for name, row in r["impls"].items()}
-    cell = lambda name: f"{t[name]:.0f}" if name in t else "n/a"
-    deep = r["deepgemm_tflops"]
-    vs_deep = f"{t['jgmm_fp8_blocks'] / deep:.2f}x" if deep and "jgmm_fp8_blocks" in t else ""
-    torch_peer = t.get("torch_scaled_grouped_mm")
-    vs_torch = f"{t['jgmm_fp8_blocks'] / torch_peer:.2f}x" if torch_peer else ""
-    print(f"| {r['layout']} | {r['g']}x{r['rows']} | {r['n']}, {r['k']} | {cell('jgmm_fp8_blocks')} | "
-          f"{cell('jgmm_fp8_rowwise')} | {cell('jgmm_bf16')} | {cell('torch_scaled_grouped_mm')} | "
-          f"{cell('torch_scaled_mm_dense')} | {deep or ''} | {vs_deep} | {vs_torch} |")
+  for key, title in (("tflops", "whole calls, timed round-robin"),
+                     ("kernel_tflops", "product kernels alone, DeepGEMM's method: timing.kernel_ms")):
+    print(f"\nFP8 (TFLOP/s on the valid rows, {title}; DeepGEMM: published, H800)")
+    print("| layout | G x rows | N, K | jgmm fp8 blocks | jgmm fp8 rowwise | jgmm bf16 | torch scaled_grouped_mm "
+          "| torch scaled_mm dense | DeepGEMM | blocks vs DeepGEMM | blocks vs torch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+      t = {name: row[key] for name, row in r["impls"].items() if row[key]}
+      cell = lambda name: f"{t[name]:.0f}" if name in t else "n/a"
+      deep = r["deepgemm_tflops"]
+      vs_deep = f"{t['jgmm_fp8_blocks'] / deep:.2f}x" if deep and "jgmm_fp8_blocks" in t else ""
+      torch_peer = t.get("torch_scaled_grouped_mm")
+      vs_torch = f"{t['jgmm_fp8_blocks'] / torch_peer:.2f}x" if torch_peer and "jgmm_fp8_blocks" in t else ""
+      print(f"| {r['layout']} | {r['g']}x{r['rows']} | {r['n']}, {r['k']} | {cell('jgmm_fp8_blocks')} | "
+            f"{cell('jgmm_fp8_rowwise')} | {cell('jgmm_bf16')} | {cell('torch_scaled_grouped_mm')} | "
+            f"{cell('torch_scaled_mm_dense')} | {deep or ''} | {vs_deep} | {vs_torch} |")
 
 
 def _print_recipe(recipe):

@@ -3,10 +3,14 @@
 Timing: wall clock around a batch of asynchronous calls ended by one synchronisation, median of several
 batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead). A call whose
 GPU work is shorter than the host's dispatch of it (tens of us) times the host: chain() runs it several times in
-one program.
+one program. kernel_ms times instead one GPU kernel of a call by the profiler's record, as DeepGEMM times its
+published figures.
 """
+import glob
 import math
+import re
 import statistics
+import tempfile
 import time
 
 import jax
@@ -39,6 +43,33 @@ def chain_runs(floor_ms, target_ms=0.5, most=32):
   """How many runs of work whose speed-of-light time is floor_ms fill about target_ms of GPU time (1 to most): a
   chain() that long keeps the GPU, not the host's dispatch, the bottleneck."""
   return min(most, max(1, math.ceil(target_ms / max(floor_ms, 1e-9))))
+
+
+def kernel_ms(fn, sync, kernel, launches=5, flush_bytes=256 << 20):
+  """Median ms of a call's GPU kernels whose names match the regex `kernel` (summed where a call launches several)
+  over `launches` calls of fn(), one at a time (each ended by sync()), each after a write of flush_bytes that evicts
+  the L2: DeepGEMM's method (its bench_kineto: the kernels' own durations, without the call's other kernels or the
+  host's dispatch). The durations come from JAX's profiler (CUPTI), which records every kernel of the process,
+  torch's too. fn must be compiled already (a compile's kernels would be traced). Raises LookupError where the
+  matching kernels are not the same number each call (none, e.g., on a CPU, whose profiler records no kernels)."""
+  flush = jax.jit(lambda: jnp.zeros((flush_bytes // 4,), jnp.int32) + 1)
+  jax_sync(flush())
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    try:
+      for _ in range(launches):
+        jax_sync(flush())
+        sync(fn())
+    finally:
+      jax.profiler.stop_trace()
+    data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+  events = sorted((event.start_ns, event.duration_ns / 1e6) for plane in data.planes
+                  if plane.name.startswith("/device:") for line in plane.lines for event in line.events
+                  if re.search(kernel, event.name))
+  if not events or len(events) % launches:
+    raise LookupError(f"the profiler recorded {len(events)} kernels matching {kernel!r} in {launches} calls")
+  per_call = len(events) // launches
+  return statistics.median(sum(ms for _, ms in events[i:i + per_call]) for i in range(0, len(events), per_call))
 
 
 def time_ms(fn, sync, min_batch_s=0.05, batches=7):

@@ -7,9 +7,11 @@ beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent."""
 import functools
 import io
+import json
 import os
 import sys
 import tempfile
+import time
 from unittest import mock
 
 import jax
@@ -103,6 +105,37 @@ class ChainTest(absltest.TestCase):
     self.assertEqual(timing.chain_runs(0.0), 32)
 
 
+_HAS_GPU = any(d.platform == "gpu" for d in jax.devices())
+
+
+class KernelMsTest(absltest.TestCase):
+
+  @absltest.skipUnless(_HAS_GPU, "needs a GPU")
+  def test_a_calls_matching_kernels_summed(self):
+    """Two independent products a call: about twice one's kernel time; a regex matching nothing: LookupError."""
+    a, b, c, d = (jax.random.normal(key, (4096, 4096), jnp.bfloat16) for key in jax.random.split(jax.random.key(1), 4))
+    one = jax.jit(lambda a, b: a @ b)
+    two = jax.jit(lambda a, b, c, d: (a @ b, c @ d))
+    timing.jax_sync((one(a, b), two(a, b, c, d)))
+    gemm = bench_fp8.KERNELS["torch"]  # cuBLAS's names, whoever launches them
+    once = timing.kernel_ms(lambda: one(a, b), timing.jax_sync, gemm)
+    twice = timing.kernel_ms(lambda: two(a, b, c, d), timing.jax_sync, gemm)
+    self.assertBetween(twice / once, 1.6, 2.4)
+    start = time.perf_counter()
+    timing.jax_sync(one(a, b))
+    self.assertLess(once, 1e3 * (time.perf_counter() - start))
+    with self.assertRaisesRegex(LookupError, "0 kernels matching 'no_such_kernel'"):
+      timing.kernel_ms(lambda: one(a, b), timing.jax_sync, "no_such_kernel")
+
+  @absltest.skipIf(_HAS_GPU, "the CPU's profiler")
+  def test_no_kernels_on_the_cpu(self):
+    fn = jax.jit(lambda x: x @ x)
+    x = jnp.ones((64, 64))
+    timing.jax_sync(fn(x))
+    with self.assertRaisesRegex(LookupError, "0 kernels matching"):
+      timing.kernel_ms(lambda: fn(x), timing.jax_sync, ".", flush_bytes=1 << 20)
+
+
 class Fp8BenchTest(absltest.TestCase):
 
   def test_a_call_runs_the_product_runs_times(self):
@@ -155,6 +188,22 @@ class Fp8BenchTuneTest(absltest.TestCase):
       bench_fp8._print([], [result])
     self.assertIn("recipe speedup weights ahead geomean", printed.getvalue())
     self.assertIn("recipe speedup weights ahead wgrad group geomean", printed.getvalue())
+
+  def test_a_product_case_prints_the_whole_calls_and_the_kernels_alone(self):
+    """On the CPU no kernel is recorded: the kernel table says n/a, the whole calls' table has numbers."""
+    out = self.enter_context(tempfile.TemporaryDirectory())
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
+      bench_fp8.run(out, "masked-2x20-256-384")
+    tables = printed.getvalue().split("\nFP8 (")[1:]
+    self.assertLen(tables, 2)
+    self.assertIn("whole calls", tables[0])
+    self.assertIn("DeepGEMM's method", tables[1])
+    self.assertEqual([c.strip() for c in tables[1].splitlines()[-1].split("|")[4:7]], ["n/a"] * 3)
+    self.assertIn("jgmm_fp8_blocks: no kernel time", printed.getvalue())
+    with open(os.path.join(out, "bench_fp8.json")) as f:
+      impls = json.load(f)["results"][0]["impls"]
+    self.assertEqual(set(impls), {"jgmm_fp8_blocks", "jgmm_fp8_rowwise", "jgmm_bf16"})
+    self.assertTrue(all(row["tflops"] > 0 and row["kernel_ms"] is None for row in impls.values()), impls)
 
   def test_bench_fp8_tune_runs_the_tuner_on_the_named_cases(self):
     out = self.enter_context(tempfile.TemporaryDirectory())

@@ -1,0 +1,34 @@
+"""The FP8 cases of `python -m jgmm.bench --fp8` (blocks recipe) in each tiling of gmm_fp8_ws_kernel, the product
+kernel alone (timing.kernel_ms, DeepGEMM's method), median us and TFLOP/s, with the tables' choice marked.
+
+    python docs/experiments/fp8_tiles_kernel.py [CASES]      (bench_fp8.cases names, comma-separated; default all)
+"""
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+import jax  # noqa: E402
+
+from jgmm import bench_fp8, timing  # noqa: E402
+from jgmm.config import ROWS_192, Config  # noqa: E402
+
+TILINGS = {"128x128": Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
+                             warp_specialized=True),
+           "192x128": Config(block_m=ROWS_192, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False,
+                             warp_specialized=True),
+           "128x256": Config(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=False,
+                             warp_specialized=True)}
+
+print("| case | table | " + " | ".join(TILINGS) + " |")
+print("|---|---|" + "---|" * len(TILINGS))
+for name, layout, g, rows, n, k in bench_fp8.cases(sys.argv[1] if len(sys.argv) > 1 else ""):
+  x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
+  xq, xs, wq, ws, gs = bench_fp8.fp8_operands(x, w, groups, bench_fp8.RECIPES["blocks"])
+  cells = []
+  for config in [None, *TILINGS.values()]:
+    product = jax.jit(bench_fp8._product(layout, rows, config))
+    call = lambda: product(xq, wq, gs, xs, ws)
+    timing.jax_sync(call())
+    ms = timing.kernel_ms(call, timing.jax_sync, bench_fp8.KERNELS["jgmm"], launches=7)
+    cells.append(f"{1e3 * ms:.1f} us, {2 * valid * n * k / ms / 1e9:.0f}")
+  print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
