@@ -45,31 +45,41 @@ def chain_runs(floor_ms, target_ms=0.5, most=32):
   return min(most, max(1, math.ceil(target_ms / max(floor_ms, 1e-9))))
 
 
+def traced_kernels(call, calls=1):
+  """[(name, ms)] of the GPU kernels that `calls` calls of call() (each waiting for its work) ran, in the order they
+  started, from JAX's profiler (CUPTI: every kernel of the process, torch's too; none on a CPU). call must be
+  compiled already (a compile's kernels would be traced)."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    try:
+      for _ in range(calls):
+        call()
+    finally:
+      jax.profiler.stop_trace()
+    data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+  events = sorted((event.start_ns, event.name, event.duration_ns / 1e6) for plane in data.planes
+                  if plane.name.startswith("/device:") for line in plane.lines for event in line.events)
+  return [(name, ms) for _, name, ms in events]
+
+
 def kernel_ms(fn, sync, kernel, launches=5, flush_bytes=256 << 20):
   """Median ms of a call's GPU kernels whose names match the regex `kernel` (summed where a call launches several)
   over `launches` calls of fn(), one at a time (each ended by sync()), each after a write of flush_bytes that evicts
   the L2: DeepGEMM's method (its bench_kineto: the kernels' own durations, without the call's other kernels or the
-  host's dispatch). The durations come from JAX's profiler (CUPTI), which records every kernel of the process,
-  torch's too. fn must be compiled already (a compile's kernels would be traced). Raises LookupError where the
-  matching kernels are not the same number each call (none, e.g., on a CPU, whose profiler records no kernels)."""
+  host's dispatch), by traced_kernels. Raises LookupError where the matching kernels are not the same number each
+  call (none, e.g., on a CPU)."""
   flush = jax.jit(lambda: jnp.zeros((flush_bytes // 4,), jnp.int32) + 1)
   jax_sync(flush())
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
-    try:
-      for _ in range(launches):
-        jax_sync(flush())
-        sync(fn())
-    finally:
-      jax.profiler.stop_trace()
-    data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
-  events = sorted((event.start_ns, event.duration_ns / 1e6) for plane in data.planes
-                  if plane.name.startswith("/device:") for line in plane.lines for event in line.events
-                  if re.search(kernel, event.name))
-  if not events or len(events) % launches:
-    raise LookupError(f"the profiler recorded {len(events)} kernels matching {kernel!r} in {launches} calls")
-  per_call = len(events) // launches
-  return statistics.median(sum(ms for _, ms in events[i:i + per_call]) for i in range(0, len(events), per_call))
+
+  def flushed():
+    jax_sync(flush())
+    sync(fn())
+
+  durations = [ms for name, ms in traced_kernels(flushed, launches) if re.search(kernel, name)]
+  if not durations or len(durations) % launches:
+    raise LookupError(f"the profiler recorded {len(durations)} kernels matching {kernel!r} in {launches} calls")
+  per_call = len(durations) // launches
+  return statistics.median(sum(durations[i:i + per_call]) for i in range(0, len(durations), per_call))
 
 
 def time_ms(fn, sync, min_batch_s=0.05, batches=7):
