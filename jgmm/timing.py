@@ -6,6 +6,7 @@ GPU work is shorter than the host's dispatch of it (tens of us) times the host: 
 one program. kernel_ms times instead one GPU kernel of a call by the profiler's record, as DeepGEMM times its
 published figures.
 """
+import functools
 import glob
 import math
 import re
@@ -68,8 +69,7 @@ def kernel_ms(fn, sync, kernel, launches=5, flush_bytes=256 << 20):
   the L2: DeepGEMM's method (its bench_kineto: the kernels' own durations, without the call's other kernels or the
   host's dispatch), by traced_kernels. Raises LookupError where the matching kernels are not the same number each
   call (none, e.g., on a CPU)."""
-  flush = jax.jit(lambda: jnp.zeros((flush_bytes // 4,), jnp.int32) + 1)
-  jax_sync(flush())
+  flush = _l2_flush(flush_bytes)
 
   def flushed():
     jax_sync(flush())
@@ -80,6 +80,14 @@ def kernel_ms(fn, sync, kernel, launches=5, flush_bytes=256 << 20):
     raise LookupError(f"the profiler recorded {len(durations)} kernels matching {kernel!r} in {launches} calls")
   per_call = len(durations) // launches
   return statistics.median(sum(durations[i:i + per_call]) for i in range(0, len(durations), per_call))
+
+
+@functools.cache
+def _l2_flush(nbytes):
+  """A compiled call that writes nbytes of fresh device memory (evicting the L2 before a timed kernel)."""
+  flush = jax.jit(lambda: jnp.zeros((nbytes // 4,), jnp.int32) + 1)
+  jax_sync(flush())
+  return flush
 
 
 def time_ms(fn, sync, min_batch_s=0.05, batches=7):
