@@ -3,8 +3,8 @@
 Timing: wall clock around a batch of asynchronous calls ended by one synchronisation, median of several
 batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead). A call whose
 GPU work is shorter than the host's dispatch of it (tens of us) times the host: chain() runs it several times in
-one program. kernel_ms times instead one GPU kernel of a call by the profiler's record, as DeepGEMM times its
-published figures.
+one program. kernel_ms times instead a call's named GPU kernels by the profiler's record (traced_kernels), as
+DeepGEMM times its published figures.
 """
 import functools
 import glob
