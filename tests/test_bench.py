@@ -4,7 +4,8 @@ jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgm
 jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select; the
 FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
 beside gmm (tiny, CPU);
-bench.fwd_bwd's forward and backward for a given output cotangent."""
+bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
+kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables."""
 import functools
 import io
 import json
