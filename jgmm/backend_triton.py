@@ -21,6 +21,7 @@ from jgmm.triton_kernels import geometry
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_fp8 as fp8_kernels
 from jgmm.triton_kernels import gmm_fp8_ws
+from jgmm.triton_kernels import gmm_fp8_ws_cluster
 from jgmm.triton_kernels import gmm_ws
 from jgmm.triton_kernels import gmm_ws_cluster
 from jgmm.triton_kernels import quantize as quantize_kernels
@@ -411,11 +412,28 @@ def _fp8_ws_ok(config, device, rows, k, n, num_groups, out_dtype, fits=geometry.
                    config.num_stages, config_table.shared_memory_limit(device.arch)))
 
 
+def _fp8_tile_rows(config, lhs_scale, rhs_scale):
+  """Rows of gmm_fp8_ws's row tiles for `config`: 2 config.block_m where the cluster kernel runs it
+  (_fp8_cluster), else config.block_m."""
+  return 2 * config.block_m if _fp8_cluster(config, lhs_scale, rhs_scale) else config.block_m
+
+
+def _fp8_cluster(config, lhs_scale, rhs_scale):
+  """Whether gmm_fp8_ws_cluster_kernel runs an FP8 product (config.cluster_size 2 on 128 x 128 or 192 x 128 tiles,
+  the block recipe, a Triton with Gluon's clusters); gmm_fp8_ws_kernel else."""
+  return (config.cluster_size == 2 and config.block_n == 128 and config.block_m in (128, 192) and lhs_scale.ndim == 2
+          and rhs_scale.ndim == 3 and gmm_fp8_ws_cluster.supported())
+
+
 def _gmm_fp8_ws(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype, config, device, masked_m_rows=0):
-  """out (rows, N) of gmm_fp8_ws_kernel: lhs (rows, K), rhs (G, N, K), lhs_scale (rows, KB) or (rows,), rhs_scale
-  (G, NB, KB) or (G, N); row tiles of config.block_m rows starting at first_rows (R,): schedule holds them
-  (_row_tiles' format), or for the masked layout of masked_m_rows (max_m) rows a group is masked_m (G,) itself
-  (the kernel computes each tile). Block scales of lhs go to the kernel tile-major (_tile_scales)."""
+  """out (rows, N) of gmm_fp8_ws_kernel, or of gmm_fp8_ws_cluster_kernel (_fp8_cluster): lhs (rows, K), rhs (G, N,
+  K), lhs_scale (rows, KB) or (rows,), rhs_scale (G, NB, KB) or (G, N); row tiles of _fp8_tile_rows rows starting
+  at first_rows (R,): schedule holds them (_row_tiles' format), or for the masked layout of masked_m_rows (max_m)
+  rows a group is masked_m (G,) itself (the kernel computes each tile). Block scales of lhs go to the kernel
+  tile-major (_tile_scales)."""
+  if _fp8_cluster(config, lhs_scale, rhs_scale):
+    return _gmm_fp8_ws_cluster(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype, config, device,
+                               masked_m_rows)
   row_tiles = first_rows.shape[0]
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
@@ -426,7 +444,7 @@ def _gmm_fp8_ws(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype,
       ffi.TensorDescriptor(lhs, lhs_block, layout=gmm_ws.shared_layout(lhs_block, lhs.dtype.name)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), rhs_block,
                            layout=gmm_ws.shared_layout(rhs_block, rhs.dtype.name)),
-      ffi.TensorDescriptor(_tile_scales(lhs_scale, first_rows, config.block_m),
+      ffi.TensorDescriptor(_tile_scales(lhs_scale, first_rows, geometry.next_pow2(config.block_m)),
                            (1, geometry.next_pow2(config.block_m)), layout=gmm_fp8_ws.ROW_SCALE_LAYOUT),
       schedule, lhs_scale, rhs_scale, m,
       kernel=gmm_fp8_ws.gmm_fp8_ws_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
@@ -437,15 +455,44 @@ def _gmm_fp8_ws(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype,
       MASKED_M=masked_m_rows)
 
 
-def _tile_scales(lhs_scale, first_rows, block_m):
-  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (R * KB, W) float32, W = block_m rounded up to a power of 2,
-  whose row r * KB + kb holds K block kb's scales of the W rows from first_rows[r] (first_rows (R,); row M - 1's
+def _gmm_fp8_ws_cluster(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype, config, device,
+                        masked_m_rows):
+  """_gmm_fp8_ws through gmm_fp8_ws_cluster_kernel (its docstring: the operands' views and boxes)."""
+  row_tiles = first_rows.shape[0]
+  m, k = lhs.shape
+  num_groups, n, _ = rhs.shape
+  block = gmm_fp8_ws.BLOCK.value
+  cluster = gmm_fp8_ws_cluster
+  k_blocks = rhs_scale.shape[2]
+  rhs_scale = jnp.pad(rhs_scale, ((0, 0), (0, 0), (0, -k_blocks % 4))).reshape(-1, geometry.cdiv(k_blocks, 4) * 4)
+  consumers = 2 * config.block_m // block
+  scale_rows = geometry.next_pow2(consumers)  # (A TMA box's sides are powers of 2.)
+  tile_scales = _tile_scales(lhs_scale, first_rows, scale_rows * block).reshape(-1, block)
+  return ffi.triton_call(
+      ffi.TensorDescriptor(lhs, (block, block), layout=gmm_ws.shared_layout((block, block), lhs.dtype.name,
+                                                                            cluster.ROW_SPLIT)),
+      ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), (block, block),
+                           layout=gmm_ws.shared_layout((block, block), rhs.dtype.name, cluster.SHARED)),
+      ffi.TensorDescriptor(tile_scales, (scale_rows, block), layout=cluster.scale_layout(cluster.COL_SPLIT)),
+      ffi.TensorDescriptor(rhs_scale, (1, 4), layout=cluster.scale_layout(cluster.SHARED)),
+      schedule, m,
+      kernel=cluster.gmm_fp8_ws_cluster_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(min(device.num_sms // 2, row_tiles * geometry.cdiv(n, block)),), num_ctas=2,
+      num_warps=cluster.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[consumers], name="jgmm_gmm_fp8_ws_cluster",
+      K=k, N=n, R_MAX=row_tiles, S=config.num_stages,
+      OUT_LAYOUT=gmm_ws.shared_layout((block, block), out_dtype.name, cluster.ROW_SPLIT), MASKED_M=masked_m_rows,
+      C=consumers)
+
+
+def _tile_scales(lhs_scale, first_rows, width):
+  """gmm_fp8_ws_kernel's lhs block scales, tile-major: (R * KB, width) float32 (width: a tile's rows rounded up to a
+  power of 2; gmm_fp8_ws_cluster_kernel's: its rows), whose row r * KB + kb holds K block kb's scales of the width
+  rows from first_rows[r] (first_rows (R,); row M - 1's
   past M: the kernel reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a
   16-byte aligned address, which a tile starting at any row would not give, of lhs_scale (M, KB) or of its
   transpose (KB, M) (boxes of that transpose at a group's first row: an illegal instruction on the H100 where a
   group started at a row no multiple of 4, docs/perf-notes.md, session 34). With row scales (M,), a (1, W)
   placeholder the kernel never reads."""
-  width = geometry.next_pow2(block_m)
   if lhs_scale.ndim == 1:
     return jnp.zeros((1, width), jnp.float32)
   rows = first_rows[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
@@ -491,8 +538,9 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
     return backend_xla.gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, transpose_rhs=transpose_rhs,
                                out_dtype=out_dtype, config=None)
   if transpose_rhs and _fp8_ws_ok(config, device, m, k, n, num_groups, out_dtype):
-    row_tiles = geometry.cdiv(m, config.block_m) + num_groups + 1
-    schedule = _row_tiles(bounds, m, row_tiles, config.block_m)
+    tile_rows = _fp8_tile_rows(config, lhs_scale, rhs_scale)
+    row_tiles = geometry.cdiv(m, tile_rows) + num_groups + 1
+    schedule = _row_tiles(bounds, m, row_tiles, tile_rows)
     return _gmm_fp8_ws(lhs, rhs, schedule, schedule[1 + row_tiles:1 + 2 * row_tiles], lhs_scale, rhs_scale,
                        out_dtype, config, device)
   config = _plain_fp8_config(config, given, f"FP8 gmm of lhs {lhs.shape}, rhs {rhs.shape}")
@@ -523,10 +571,10 @@ def masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, *, out_dtype, expected_m, c
     return backend_xla.masked_gmm_fp8(x, w, masked_m, x_scale, w_scale, out_dtype=out_dtype, expected_m=expected_m,
                                       config=None)
   if _fp8_ws_ok(config, device, num_groups * max_m, k, n, num_groups, out_dtype):
+    x_scale = x_scale.reshape(num_groups * max_m, *x_scale.shape[2:])
     out = _gmm_fp8_ws(x.reshape(num_groups * max_m, k), w, masked_m,
-                      _masked_first_rows(num_groups, max_m, config.block_m),
-                      x_scale.reshape(num_groups * max_m, *x_scale.shape[2:]), w_scale, out_dtype, config, device,
-                      masked_m_rows=max_m)
+                      _masked_first_rows(num_groups, max_m, _fp8_tile_rows(config, x_scale, w_scale)), x_scale,
+                      w_scale, out_dtype, config, device, masked_m_rows=max_m)
     return out.reshape(num_groups, max_m, n)
   config = _plain_fp8_config(config, given, f"FP8 masked_gmm of x {x.shape}, w {w.shape}")
   tiles = num_groups * geometry.cdiv(max_m, config.block_m) * geometry.cdiv(n, config.block_n)

@@ -42,7 +42,11 @@ class Config:
   cluster_size: the bf16 warp-specialised gmm: 2 runs it on clusters of two CTAs (triton_kernels/gmm_ws_cluster.py:
     a cluster computes 128 rows x 2 block_n columns, each K step's lhs tile loaded once and multicast into both
     CTAs, 17% fewer operand bytes at block_n 256) where block_n is 128 or 256 and Triton has Gluon's clusters
-    (>= 3.7); the one-CTA kernel runs elsewhere. 1 or 2; other kernels ignore it.
+    (>= 3.7). The warp-specialised FP8 kernel with the block recipe (1x128 lhs, 128x128 rhs scales): 2 runs it on
+    clusters of two CTAs (triton_kernels/gmm_fp8_ws_cluster.py: a cluster computes 2 block_m rows of one group x
+    128 columns, each K step's rhs tile and block scales loaded once and multicast into both CTAs) where block_m is
+    128 or 192, block_n 128 and Triton has Gluon's clusters. The one-CTA kernel runs elsewhere with the same tiles.
+    1 or 2; other kernels ignore it.
   """
   block_m: int = 128
   block_n: int = 128

@@ -86,10 +86,14 @@ _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 
 # of one 128-wide scale block, or half of one.
 _FP8 = [_C(128, 128, 128, 8, 4), _C(128, 128, 128, 4, 4), _C(128, 256, 128, 8, 3), _C(64, 128, 128, 4, 5),
         _C(64, 256, 128, 4, 4), _C(128, 128, 64, 8, 6)]
-# The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere.
+# The warp-specialised FP8 kernel's tilings (FP8 gmm with K-major rhs, FP8 masked_gmm): each the best somewhere;
+# with cluster_size 2 (the block recipe on 2-CTA clusters, Triton >= 3.7), each the best on some bench case under
+# Triton 3.9 (docs/perf-notes.md, Session 36).
 _FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
            _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True),
-           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True)]
+           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True),
+           _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True, cluster_size=2),
+           _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True, cluster_size=2)]
 # The warp-specialised FP8 tgmm's (lhs (K, M), rhs (N, M)): 128 x block_n tiles of out (K, N), 128 rows of M a step;
 # the most stages its shared memory holds with bf16 out (geometry.tgmm_fp8_ws_ok), and one fewer at 128 wide.
 _TGMM_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
@@ -128,8 +132,9 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
     configs = [c for c in configs if not c.warp_specialized]
   if key.op == "tgmm" and key.transpose and key.in_dtype in ("bf16", "fp16") and key.rows > 32:
     configs += _TGMM_WS
-  if key.op in config_table.FP8_WS_OPS:
-    configs += _FP8_WS
+  if key.op in config_table.FP8_WS_OPS:  # Clusters only where this Triton has them, for the block recipe.
+    configs += [c for c in _FP8_WS if c.cluster_size == 1 or (gmm_ws_cluster.supported()
+                                                              and key.scale == model_shapes.FP8_GMM_RECIPE)]
   if key.op == "tgmm_fp8":
     configs += _TGMM_FP8_WS
   return configs

@@ -23,7 +23,7 @@ import jgmm
 from jgmm import backend_triton, fp8, oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
-from jgmm.triton_kernels import gmm_fp8
+from jgmm.triton_kernels import gmm_fp8, gmm_fp8_ws_cluster
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
@@ -32,6 +32,7 @@ WS = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, wa
 # (promoted to float32 between steps): ~2.5e-4 relative error at K = 7168 (1.9e-3 without the promotion).
 GPU_TOL = 1e-3
 RECIPES = (("row", "row"), ("1x128", "128x128"), ("row", "128x128"), ("1x128", "row"))
+CLUSTERS = ((128, 128, 2), (192, 128, 2))  # Tiles on clusters of 2 CTAs (block_m, block_n, cluster_size).
 
 
 class Fp8KernelTestBase(seeded.SeededTestCase):
@@ -261,19 +262,20 @@ class Fp8OtherTargetsTest(parameterized.TestCase):
 
 class TileScalesTest(parameterized.TestCase):
   """backend_triton._tile_scales: gmm_fp8_ws_kernel's lhs block scales, tile-major (its TMA copies start at
-  16-byte aligned addresses whatever row a tile starts at), for tiles of 128 and 192 rows."""
+  16-byte aligned addresses whatever row a tile starts at), for tiles of 128 and 192 rows (the width a power of 2:
+  128, 256), and gmm_fp8_ws_cluster_kernel's of 256 and 384 rows (256, 512)."""
 
   def check(self, lhs_scale, first_rows, block_m):
-    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), first_rows, block_m))
+    width = {128: 128, 192: 256, 256: 256, 384: 512}[block_m]
+    tiles = np.asarray(backend_triton._tile_scales(jnp.asarray(lhs_scale), first_rows, width))
     m, kb = lhs_scale.shape
-    width = 128 if block_m == 128 else 256  # A power of 2.
     self.assertEqual(tiles.shape, (first_rows.shape[0] * kb, width))
     for r, first in enumerate(np.asarray(first_rows)):
       rows = first + np.arange(width)
       want = lhs_scale[np.minimum(rows, m - 1)].T  # Rows past M: row M - 1's (never stored).
       np.testing.assert_array_equal(tiles[r * kb:(r + 1) * kb], want)
 
-  @parameterized.parameters(128, 192)
+  @parameterized.parameters(128, 192, 256, 384)
   def test_contiguous(self, block_m):
     """Groups starting at rows no multiple of 4, an empty group, rows after the last group."""
     m, kb = 1000, 3
@@ -283,7 +285,7 @@ class TileScalesTest(parameterized.TestCase):
     self.check(np.random.default_rng(0).random((m, kb), np.float32) + 0.5,
                schedule[1 + row_tiles:1 + row_tiles + int(schedule[0])], block_m)
 
-  @parameterized.parameters(128, 192)
+  @parameterized.parameters(128, 192, 256, 384)
   def test_masked(self, block_m):
     """max_m = 37 (every group but the first starts at a row no multiple of 4), and 300 (tiles past max_m): one
     tile per block_m of each group's rows, in gmm_ws.tile_of's masked order."""
@@ -296,7 +298,7 @@ class TileScalesTest(parameterized.TestCase):
 
   def test_row_scales(self):
     """Row scales (M,) leave the kernel's lhs scale descriptor unread: a (1, W) placeholder."""
-    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 192)
+    tiles = backend_triton._tile_scales(jnp.ones((300,), jnp.float32), None, 256)
     self.assertEqual(tiles.shape, (1, 256))
 
 
@@ -343,6 +345,34 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     self.assert_fp8_wgmma(self.ptx(fn, s((g, max_m, k), f8), s((g, n, k), f8), s((g,), jnp.int32),
                                    s((g, max_m, 56), jnp.float32), s((g, 32, 56), jnp.float32),
                                    tma=True))  # A config's TMA loads, or the default there: WS.
+
+  @parameterized.product(block_m=(128, 192), masked=(True, False))
+  def test_clusters(self, block_m, masked):
+    """cluster_size 2 with the block recipe: under a Triton with Gluon's clusters (>= 3.7) gmm_fp8_ws_cluster_kernel
+    (2 CTAs a cluster, the rhs tile and its block scales by multicast TMA loads, the lhs box twice the CTA's rows),
+    under an older one gmm_fp8_ws_kernel with the same tiles."""
+    s, f8 = jax.ShapeDtypeStruct, jnp.float8_e4m3fn
+    g, rows, k, n = 4, 1000, 7168, 4096
+    config = dataclasses.replace(WS, block_m=block_m, cluster_size=2)
+    scales = (s((g, rows, 56) if masked else (rows, 56), jnp.float32), s((g, 32, 56), jnp.float32))
+    if masked:
+      fn = lambda x, w, mm, xs, ws: backend_triton.masked_gmm_fp8(x, w, mm, xs, ws, out_dtype=jnp.bfloat16,
+                                                                  expected_m=None, config=config)
+      args = (s((g, rows, k), f8), s((g, n, k), f8), s((g,), jnp.int32), *scales)
+    else:
+      fn = lambda *a: backend_triton.gmm_fp8(*a, transpose_rhs=True, out_dtype=jnp.bfloat16, config=config)
+      args = (s((rows, k), f8), s((g, n, k), f8), s((g + 1,), jnp.int32), *scales)
+    _compile._cache.clear()
+    (ptx,) = self.ptx(fn, *args, tma=True)
+    self.assert_fp8_wgmma([ptx])
+    if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+      return  # The plain kernel: no warp-specialised one without host descriptors.
+    (compiled,) = _compile._cache.values()
+    ctas = 2 if gmm_fp8_ws_cluster.supported() else 1
+    self.assertEqual(compiled.num_ctas, ctas)
+    self.assertEqual(".reqnctapercluster 2" in ptx, ctas == 2)
+    self.assertEqual(len(re.findall(r"cp\.async\.bulk\.tensor\S*multicast::cluster", ptx)), 2 if ctas == 2 else 0)
+    self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
 
   @parameterized.product(recipes=(RECIPES[1], RECIPES[2]), masked=(True, False), k=(7168, 200),
                          config=(WS, dataclasses.replace(WS, block_n=256, num_stages=3),
@@ -602,11 +632,14 @@ class GpuFp8Test(Fp8KernelTestBase):
     jnp.full(out.shape, jnp.nan, out.dtype).block_until_ready().delete()
     return fn(*args)
 
-  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES, tile=((128, 128), (128, 256), (192, 128)))
+  @parameterized.product(k=(1, 7, 129, 144, 2064, 7168), recipes=RECIPES,
+                         tile=((128, 128), (128, 256), (192, 128), *CLUSTERS))
   def test_warp_specialized_masked(self, k, recipes, tile):
     """gmm_fp8_ws_kernel (where K % 16 == 0; the plain kernel with the same config else, a ValueError for 192-row
-    tiles): masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding
-    NaN data and scales, row tiles past max_m and column tiles past N, the last K block partial."""
+    tiles), or gmm_fp8_ws_cluster_kernel (CLUSTERS: 256- and 384-row cluster tiles, the block recipe, Triton >= 3.7):
+    masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding NaN data
+    and scales, row tiles past max_m and column tiles past N, the last K block partial (K blocks not a multiple of
+    4: the cluster kernel's padded rhs scales)."""
     groups, max_m, n = 6, 300, 1000
     x, x_scale = self.quantized((groups, max_m, k), recipes[0])
     w, w_scale = self.quantized((groups, n, k), recipes[1])
@@ -617,41 +650,51 @@ class GpuFp8Test(Fp8KernelTestBase):
     x_nan = jnp.where(past[..., None], jnp.nan, x.astype(jnp.float32)).astype(x.dtype)
     x_scale_nan = jnp.where(past.reshape(past.shape + (1,) * (x_scale.ndim - 2)), jnp.nan, x_scale)
     # float32 out: 192-row tiles fit the shared memory with three stages (a fourth would need 268 KB).
-    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=4 if tile == (128, 128) else 3)
+    config = dataclasses.replace(WS, block_m=tile[0], block_n=tile[1], num_stages=3 if tile[:2] != (128, 128) else 4,
+                                 cluster_size=tile[2] if len(tile) > 2 else 1)
     fn = jax.jit(lambda *a: jgmm.masked_gmm(*a[:3], x_scale=a[3], w_scale=a[4], preferred_element_type=jnp.float32,
                                             config=config))
     if tile[0] == 192 and k % 16:
       with self.assertRaisesRegex(ValueError, r"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel"):
         fn(x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale)
       return
-    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call, \
+        mock.patch.object(backend_triton, "_gmm_fp8_ws_cluster", wraps=backend_triton._gmm_fp8_ws_cluster) as cluster:
       out = np.asarray(self.poisoned(fn, x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)
+    self.assertEqual(cluster.called, ws_call.called and tile in CLUSTERS and recipes == RECIPES[1]
+                     and gmm_fp8_ws_cluster.supported())
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
 
-  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104, 104), block_m=(128, 192))
+  @parameterized.product(k=(7, 144, 7168), recipes=RECIPES, n=(1000, 1104, 104), block_m=(128, 192, 256, 384))
   def test_warp_specialized_gmm(self, k, recipes, n, block_m):
-    """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles: an empty
-    group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with no
-    right half, N = 104 every one (its right half's epilogue is then left out). K = 7 runs the plain kernel (a
+    """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles, or
+    gmm_fp8_ws_cluster_kernel's cluster tiles of 256 or 384 rows x 128 (block_m 256 and 384: CLUSTERS; the block
+    recipe, Triton >= 3.7): an empty group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with
+    no right half, N = 104 every one (its right half's epilogue is then left out). K = 7 runs the plain kernel (a
     ValueError for 192-row tiles)."""
     m, groups = 1000, 6
-    config = dataclasses.replace(WS, block_n=256, num_stages=3) if n in (104, 1104) else WS
-    config = dataclasses.replace(WS, block_m=192, num_stages=3) if block_m == 192 else config  # float32 out
+    config = {192: dataclasses.replace(WS, block_m=192, num_stages=3),  # float32 out
+              256: dataclasses.replace(WS, cluster_size=2),
+              384: dataclasses.replace(WS, block_m=192, num_stages=3, cluster_size=2)}.get(block_m, WS)
+    config = dataclasses.replace(WS, block_n=256, num_stages=3) if n in (104, 1104) and block_m == 128 else config
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
     sizes = self.rng.multinomial(m - 10, np.full(groups, 1 / groups)).astype(np.int32)
     sizes[2] = 0
     fn = jax.jit(lambda *a: jgmm.gmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
                                      preferred_element_type=jnp.float32, config=config))
-    if block_m == 192 and k % 16:
+    if config.block_m == 192 and k % 16:
       with self.assertRaisesRegex(ValueError, r"config.block_m = 192 runs on Hopper's warp-specialised FP8 kernel"):
         fn(lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale)
       return
-    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call:
+    with mock.patch.object(backend_triton, "_gmm_fp8_ws", wraps=backend_triton._gmm_fp8_ws) as ws_call, \
+        mock.patch.object(backend_triton, "_gmm_fp8_ws_cluster", wraps=backend_triton._gmm_fp8_ws_cluster) as cluster:
       out = np.asarray(self.poisoned(fn, lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)
+    self.assertEqual(cluster.called, ws_call.called and block_m in (256, 384) and recipes == RECIPES[1]
+                     and gmm_fp8_ws_cluster.supported())
     want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs, rhs_scale, "128x128"),
                       sizes, transpose_rhs=True)
     self.assert_close(out, want, GPU_TOL)

@@ -78,13 +78,13 @@ def row_tiles_in_use(schedule_ptr, R_MAX: gl.constexpr, MASKED_M: gl.constexpr =
 
 @gluon.jit
 def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr = 1,
-                  MASKED_M: gl.constexpr = 0, TILE_M: gl.constexpr = BLOCK_M):
-  """Tile t (tile_of's) for consumer H: (group, first row of its half, rows of the group in the tile, rows of the
-  group in its half, rows to store of its half, column tile)."""
+                  MASKED_M: gl.constexpr = 0, TILE_M: gl.constexpr = BLOCK_M, HALF_M: gl.constexpr = HALF):
+  """Tile t (tile_of's) for consumer H of HALF_M rows: (group, first row of its half, rows of the group in the tile,
+  rows of the group in its half, rows to store of its half, column tile)."""
   g, row0, rows, store_rows, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND, MASKED_M, TILE_M)
-  half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
-  half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
-  return g, row0 + H * HALF, rows, half_rows, half_store, ni
+  half_rows = gl.minimum(gl.maximum(rows - H * HALF_M, 0), HALF_M)
+  half_store = gl.minimum(gl.maximum(store_rows - H * HALF_M, 0), HALF_M)
+  return g, row0 + H * HALF_M, rows, half_rows, half_store, ni
 
 
 @gluon.jit
@@ -201,13 +201,13 @@ def release_stages(ready, empty, step, k_steps, S: gl.constexpr, cluster_empty=N
 
 @gluon.jit
 def store_half(out_ptr, out_desc, c_buf, acc, row, col, rows, WIDTH: gl.constexpr, BLOCK_N: gl.constexpr,
-               OUT_LAYOUT: gl.constexpr, TRANSPOSE: gl.constexpr = False):
-  """acc (64, BLOCK_N), or its transpose where TRANSPOSE, into out (.., WIDTH) at [row, col], rows [row, row + rows)
-  of it at most, through c_buf (64, BLOCK_N), or (BLOCK_N, 64), and a TMA store: out_desc's (over out, box c_buf's
-  shape) where the box holds rows of out only, else a descriptor ending at its last row, which clips the store (no
-  tile writes a row of another); columns past WIDTH are clipped by the view itself."""
-  box_rows: gl.constexpr = BLOCK_N if TRANSPOSE else HALF
-  box_cols: gl.constexpr = HALF if TRANSPOSE else BLOCK_N
+               OUT_LAYOUT: gl.constexpr, TRANSPOSE: gl.constexpr = False, HALF_M: gl.constexpr = HALF):
+  """acc (HALF_M, BLOCK_N), or its transpose where TRANSPOSE, into out (.., WIDTH) at [row, col], rows [row, row +
+  rows) of it at most, through c_buf (HALF_M, BLOCK_N), or (BLOCK_N, HALF_M), and a TMA store: out_desc's (over out,
+  box c_buf's shape) where the box holds rows of out only, else a descriptor ending at its last row, which clips the
+  store (no tile writes a row of another); columns past WIDTH are clipped by the view itself."""
+  box_rows: gl.constexpr = BLOCK_N if TRANSPOSE else HALF_M
+  box_cols: gl.constexpr = HALF_M if TRANSPOSE else BLOCK_N
   tma.store_wait(pendings=0)  # This consumer's previous TMA store has read c_buf (and its descriptor).
   if TRANSPOSE:
     c_buf.permute((1, 0)).store(acc.to(out_ptr.dtype.element_ty))

@@ -1,7 +1,9 @@
 """The FP8 cases of `python -m jgmm.bench --fp8` (blocks recipe) in each tiling of gmm_fp8_ws_kernel, the product
 kernel alone (timing.kernel_ms, DeepGEMM's method), median us and TFLOP/s, the shipped tables' choice first ("table").
 
-    python docs/experiments/fp8_tiles_kernel.py [CASES]      (bench_fp8.cases names, comma-separated; default all)
+    python docs/experiments/fp8_tiles_kernel.py [CASES [TILINGS]]      (comma-separated: bench_fp8.cases names,
+        default all; TILINGS' names, default all)
+The clusters (gmm_fp8_ws_cluster_kernel, rhs multicast) need Triton >= 3.7; under 3.6 they run 128 x 128.
 """
 import dataclasses
 import os
@@ -15,7 +17,12 @@ from jgmm.config import ROWS_192, Config  # noqa: E402
 
 WS = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, tma=False, warp_specialized=True)
 TILINGS = {"128x128": WS, "192x128": dataclasses.replace(WS, block_m=ROWS_192),
-           "128x256": dataclasses.replace(WS, block_n=256, num_stages=3)}
+           "128x256": dataclasses.replace(WS, block_n=256, num_stages=3),
+           "cluster": dataclasses.replace(WS, cluster_size=2),
+           "cluster5": dataclasses.replace(WS, cluster_size=2, num_stages=5),
+           "cluster192": dataclasses.replace(WS, block_m=ROWS_192, cluster_size=2)}
+if len(sys.argv) > 2:  # Only these tilings, comma-separated.
+  TILINGS = {name: TILINGS[name] for name in sys.argv[2].split(",")}
 
 print("| case | table | " + " | ".join(TILINGS) + " |")
 print("|---|---|" + "---|" * len(TILINGS))
