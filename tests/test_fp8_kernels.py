@@ -671,9 +671,9 @@ class GpuFp8Test(Fp8KernelTestBase):
   def test_warp_specialized_gmm(self, k, recipes, n, block_m):
     """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles, or
     gmm_fp8_ws_cluster_kernel's cluster tiles of 256 or 384 rows x 128 (block_m 256 and 384: CLUSTERS; the block
-    recipe, Triton >= 3.7): an empty group, groups ending inside tiles, rows after the last group (zeros); N = 1104 leaves a 256-wide tile with
-    no right half, N = 104 every one (its right half's epilogue is then left out). K = 7 runs the plain kernel (a
-    ValueError for 192-row tiles)."""
+    recipe, Triton >= 3.7): an empty group, groups ending inside tiles, rows after the last group (zeros); N = 1104
+    leaves a 256-wide tile with no right half, N = 104 every one (its right half's epilogue is then left out). K = 7
+    runs the plain kernel (a ValueError for 192-row tiles)."""
     m, groups = 1000, 6
     config = {192: dataclasses.replace(WS, block_m=192, num_stages=3),  # float32 out
               256: dataclasses.replace(WS, cluster_size=2),

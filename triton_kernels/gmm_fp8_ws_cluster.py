@@ -3,27 +3,29 @@ Triton >= 3.7).
 
 out rows of group g = (lhs * lhs_scale) @ (rhs[g] * rhs_scale[g]).T with DeepSeek-V3's block scales (lhs 1x128,
 rhs 128x128), as gmm_fp8_ws_kernel with LHS_BLOCKS and RHS_BLOCKS (same operands, schedule format, masked layout and
-row logic). A cluster of 2 CTAs takes a cluster tile of 256 rows of one group (a row tile of the schedule) x 128
-columns: each K step's rhs tile (the weights, the same for both CTAs) is copied once, by CTA 0's TMA multicast into
-both CTAs' shared memory, so a weight panel goes through the L2 once per 256 rows of a group instead of once per
-128 (operand bytes per FLOP (128 + 64) / (128 x 128), 25% fewer than a 128 x 128 tile's; the masked layout's small
-groups and the contiguous (4096, 7168) case are bound by the L2's bandwidth, docs/perf-notes.md).
+row logic). A cluster of 2 CTAs takes a cluster tile of 128 C rows of one group (a row tile of the schedule; C = 2
+or 3 consumers, 128 or 192 rows a CTA) x 128 columns: each K step's rhs tile (the weights, the same for both CTAs)
+is copied once, by CTA 0's TMA multicast into both CTAs' shared memory, so a weight panel goes through the L2 once
+per 128 C rows of a group instead of once per 64 C (operand bytes per FLOP at C = 2: (128 + 64) / (128 x 128), 25%
+fewer than a 128 x 128 tile's; the masked layout's small groups are bound by the L2's bandwidth,
+docs/perf-notes.md).
 
 Written at cluster level (Gluon: each layout's cga_layout says how the 2 CTAs share a tensor, gmm_ws_cluster's
 SHARED / ROW_SPLIT / COL_SPLIT):
-- Consumer H (H = 0, 1; one warpgroup in each CTA) owns rows [128 H, 128 H + 128) of the cluster tile, split by
+- Consumer H (H < C; one warpgroup in each CTA) owns rows [128 H, 128 H + 128) of the cluster tile, split by
   rows: CTA r computes rows 128 H + 64 r + [0, 64) (a 64 x 128 float32 accumulator a CTA, as gmm_fp8_ws's). Its lhs
   box (128, 128) is ROW_SPLIT (each CTA loads its 64 rows), as are its accumulator and output box.
 - The rhs box (128, 128) of the (G * N, K) view, and the rhs block scales' (1, 4) box (the four K blocks from the
   16-byte aligned kk // 4 * 4 of rhs_scale viewed (G * NB, KB4), KB padded to a multiple of 4), are SHARED:
   multicast by CTA 0.
-- The lhs block scales, tile-major as gmm_fp8_ws's with 256-row tiles (backend_triton._tile_scales: row
-  t * KB + kb holds K block kb's scales of tile t's 256 rows) viewed (R * KB * 2, 128): a (2, 128) box a step,
-  COL_SPLIT, so that CTA r holds consumer H's rows 128 H + 64 r + [0, 64) in row H of its half.
+- The lhs block scales, tile-major as gmm_fp8_ws's with tiles of W = 128 P rows (P = C rounded up to a power of 2:
+  backend_triton._tile_scales, row t * KB + kb holding K block kb's scales of tile t's W rows) viewed
+  (R * KB * P, 128): a (P, 128) box a step, COL_SPLIT, so that CTA r holds consumer H's rows 128 H + 64 r + [0, 64)
+  in row H of its half.
 - program_id / num_programs count clusters; every scalar is per cluster tile, the same in both CTAs.
 - Barriers as gmm_ws_cluster's: `ready[s]` per CTA (the bytes its CTA receives: its lhs rows, the multicast rhs tile
-  and scales), `empty[s]` per CTA (its two consumers; its loader waits on it before loading its lhs rows),
-  `cluster_empty[s]` in CTA 0 (all four consumers: CTA 0's loader waits on it before multicasting into stage s of
+  and scales), `empty[s]` per CTA (its C consumers; its loader waits on it before loading its lhs rows),
+  `cluster_empty[s]` in CTA 0 (all 2 C consumers: CTA 0's loader waits on it before multicasting into stage s of
   both CTAs). Consumer H skips its products where its 128 rows hold none of the group (then it waits for and
   releases the stages the other consumer uses); it computes where only CTA 0's 64 of them do (CTA 1's rows are
   never stored).
@@ -33,18 +35,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
-from jgmm.triton_kernels.gmm_ws import _tma_load, consumer_tile, release, release_stages, row_tiles_in_use, store_half, \
-    tile_of
-from jgmm.triton_kernels.gmm_ws_cluster import COL_SPLIT, ROW_SPLIT, SHARED, supported  # noqa: F401 (supported)
+from jgmm.triton_kernels.gmm_ws import (_tma_load, consumer_tile, release, release_stages, row_tiles_in_use,
+                                        store_half, tile_of)
+from jgmm.triton_kernels.gmm_ws_cluster import COL_SPLIT, ROW_SPLIT, SHARED, supported  # noqa: F401 (the backend's)
 
 CONSUMER_M = gl.constexpr(128)  # Rows of a consumer in a cluster tile (64 a CTA).
 NUM_WARPS = 4
-# The shared-memory layouts of the scales' boxes: unswizzled (TMA destinations; the (1, 4) box lands in a (1, 32)
-# row, 128-byte aligned).
+# A stage's rhs block scales: the (1, 4) box lands in a (1, 32) row (a TMA destination must be 128-byte aligned).
 SCALE_ROW = gl.constexpr(32)
 
 
 def scale_layout(cga_layout):
+  """The shared-memory layout of a scale box (float32, unswizzled) shared by the cluster's CTAs as cga_layout says."""
   return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2, cga_layout=cga_layout)
 
 
