@@ -486,9 +486,9 @@ def _gmm_fp8_ws_cluster(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, ou
 
 def _tile_scales(lhs_scale, first_rows, width):
   """gmm_fp8_ws_kernel's lhs block scales, tile-major: (R * KB, width) float32 (width: a tile's rows rounded up to a
-  power of 2; gmm_fp8_ws_cluster_kernel's: its rows), whose row r * KB + kb holds K block kb's scales of the width
-  rows from first_rows[r] (first_rows (R,); row M - 1's
-  past M: the kernel reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a
+  power of 2; gmm_fp8_ws_cluster_kernel's: 128 x its consumers rounded up to a power of 2), whose row r * KB + kb
+  holds K block kb's scales of the width rows from first_rows[r] (first_rows (R,); row M - 1's past M: the kernel
+  reads zeros for lhs there and never stores those rows); a step's TMA copy then starts at a
   16-byte aligned address, which a tile starting at any row would not give, of lhs_scale (M, KB) or of its
   transpose (KB, M) (boxes of that transpose at a group's first row: an illegal instruction on the H100 where a
   group started at a row no multiple of 4, docs/perf-notes.md, session 34). With row scales (M,), a (1, W)

@@ -41,7 +41,8 @@ select() looks a call up at trace time, memoised per key and environment, in thi
   padded: the entry of the same key with the nearest larger rows bucket the table holds (the call's groups
     padded up to it);
   nearest: the Triton entry with the same op, dtypes and flags nearest by distance() (sum over rows, K, N and G of
-    |log2(size / tuned size)|) if at most MAX_DISTANCE; ties go to more rows, then the smaller key;
+    |log2(size / tuned size)|) if at most MAX_DISTANCE; ties go to more rows, then the smaller key (an FP8
+    entry's 2-CTA clusters lend as one CTA, padded or nearest: _lent);
   heuristic: heuristic(), shrunk to fit the GPU's shared memory.
 An entry choosing backend "xla" makes the op run the portable backend (jgmm.backend_xla) for that key; nearest
 neighbours lend only Triton configs (a backend's speed does not carry over to other sizes). An entry measured
@@ -354,12 +355,22 @@ def _select(key, arch, device_kind, override, env):
     if entry is None:
       selection = Selection("triton", heuristic_config(key, arch), "heuristic", None, None)
     else:
-      selection = Selection(entry.backend, entry.config, source, entry.file, entry)
+      selection = Selection(entry.backend, _lent(entry.config, key, source), source, entry.file, entry)
   if log not in ("", "0"):
     _log(key, selection)
   if capture_path and selection.source in ("padded", "nearest", "heuristic"):
     capture.append(capture_path, key._asdict())
   return selection
+
+
+def _lent(config, key, source):
+  """An entry's config as its source gives it to key: an FP8 entry's clusters (cluster_size 2) to its own key only,
+  its neighbours (padded, nearest) getting the same tiles on one CTA, the kernel Triton 3.6 runs for the entry (a
+  cluster tile of 2 block_m rows of one group pads small groups: 1.4x slower on masked 32 x 20, docs/perf-notes.md
+  Session 36)."""
+  if config is not None and config.cluster_size == 2 and key.op in FP8_OPS and source != "exact":
+    return dataclasses.replace(config, cluster_size=1)
+  return config
 
 
 def _env_config(text):

@@ -85,6 +85,20 @@ class LookupTest(TableTestBase):
                   config_table.make_key("gmm", "bfloat16", "float32", 64, 290, 512, 8)):
       self.assertEqual(self.select(other).source, "heuristic", other)
 
+  def test_fp8_clusters_apply_to_their_own_key_and_lend_as_one_cta(self):
+    """An FP8 entry with cluster_size 2 runs its clusters on its key only; padded and nearest keys get its tiles on
+    one CTA (a cluster tile pads small groups). A bf16 entry's clusters lend as they are."""
+    cluster = dataclasses.replace(A, block_m=128, block_n=128, block_k=128, warp_specialized=True, cluster_size=2)
+    fp8 = lambda rows, k=7168: config_table.make_key("masked_fp8", "float8_e4m3fn", "bfloat16", rows, k, 4096, 32,
+                                                   scale="1x128-128x128")
+    self.use(self.table("t.json", entry(fp8(256), cluster), entry(key(rows=256), cluster)))
+    self.assertEqual(self.select(fp8(256))[:3], ("triton", cluster, "exact"))
+    one_cta = dataclasses.replace(cluster, cluster_size=1)
+    self.assertEqual(self.select(fp8(32))[:3], ("triton", one_cta, "padded"))
+    self.assertEqual(self.select(fp8(512))[:3], ("triton", one_cta, "nearest"))
+    self.assertEqual(self.select(fp8(256, k=4096))[:3], ("triton", one_cta, "nearest"))
+    self.assertEqual(self.select(key(rows=32))[:3], ("triton", cluster, "padded"))
+
   def test_xla_entries_apply_exactly_and_padded(self):
     self.use(self.table("t.json", entry(key(rows=256), backend="xla")))
     self.assertEqual(self.select(key(rows=256))[:3], ("xla", None, "exact"))

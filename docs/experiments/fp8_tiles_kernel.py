@@ -2,7 +2,8 @@
 kernel alone (timing.kernel_ms, DeepGEMM's method), median us and TFLOP/s, the shipped tables' choice first ("table").
 
     python docs/experiments/fp8_tiles_kernel.py [CASES [TILINGS]]      (comma-separated: bench_fp8.cases names,
-        default all; TILINGS' names, default all)
+        default all, or other shapes named alike, e.g. contiguous-32x1024-4096-7168 (G x rows per group, N, K);
+        TILINGS' names, default all)
 The clusters (gmm_fp8_ws_cluster_kernel, rhs multicast) need Triton >= 3.7; under 3.6 they run 128 x 128.
 """
 import dataclasses
@@ -26,7 +27,12 @@ if len(sys.argv) > 2:  # Only these tilings, comma-separated.
 
 print("| case | table | " + " | ".join(TILINGS) + " |")
 print("|---|---|" + "---|" * len(TILINGS))
-for name, layout, g, rows, n, k in bench_fp8.cases(sys.argv[1] if len(sys.argv) > 1 else ""):
+wanted = sys.argv[1] if len(sys.argv) > 1 else ""
+cases = bench_fp8.cases(wanted)
+for name in set(filter(None, wanted.split(","))) - {case[0] for case in cases}:  # Other shapes, named alike.
+  layout, grid, n, k = name.split("-")
+  cases.append((name, layout, *map(int, grid.split("x")), int(n), int(k)))
+for name, layout, g, rows, n, k in cases:
   x, w, groups, valid = bench_fp8._case_inputs(layout, g, rows, n, k)
   xq, xs, wq, ws, gs = bench_fp8.fp8_operands(x, w, groups, bench_fp8.RECIPES["blocks"])
   cells = []
