@@ -422,7 +422,7 @@ def _fp8_cluster(config, lhs_scale, rhs_scale):
   """Whether gmm_fp8_ws_cluster_kernel runs an FP8 product (config.cluster_size 2 on 128 x 128 or 192 x 128 tiles,
   the block recipe, a Triton with Gluon's clusters); gmm_fp8_ws_kernel else."""
   return (config.cluster_size == 2 and config.block_n == 128 and config.block_m in (128, 192) and lhs_scale.ndim == 2
-          and rhs_scale.ndim == 3 and gmm_fp8_ws_cluster.supported())
+          and rhs_scale.ndim == 3 and gmm_ws_cluster.supported())
 
 
 def _gmm_fp8_ws(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, out_dtype, config, device, masked_m_rows=0):
@@ -462,25 +462,24 @@ def _gmm_fp8_ws_cluster(lhs, rhs, schedule, first_rows, lhs_scale, rhs_scale, ou
   m, k = lhs.shape
   num_groups, n, _ = rhs.shape
   block = gmm_fp8_ws.BLOCK.value
-  cluster = gmm_fp8_ws_cluster
   k_blocks = rhs_scale.shape[2]
   rhs_scale = jnp.pad(rhs_scale, ((0, 0), (0, 0), (0, -k_blocks % 4))).reshape(-1, geometry.cdiv(k_blocks, 4) * 4)
   consumers = 2 * config.block_m // block
   scale_rows = geometry.next_pow2(consumers)  # (A TMA box's sides are powers of 2.)
   tile_scales = _tile_scales(lhs_scale, first_rows, scale_rows * block).reshape(-1, block)
+  shared, rows, cols = gmm_ws_cluster.SHARED, gmm_ws_cluster.ROW_SPLIT, gmm_ws_cluster.COL_SPLIT  # Boxes' cga.
   return ffi.triton_call(
-      ffi.TensorDescriptor(lhs, (block, block), layout=gmm_ws.shared_layout((block, block), lhs.dtype.name,
-                                                                            cluster.ROW_SPLIT)),
+      ffi.TensorDescriptor(lhs, (block, block), layout=gmm_ws.shared_layout((block, block), lhs.dtype.name, rows)),
       ffi.TensorDescriptor(rhs.reshape(num_groups * n, k), (block, block),
-                           layout=gmm_ws.shared_layout((block, block), rhs.dtype.name, cluster.SHARED)),
-      ffi.TensorDescriptor(tile_scales, (scale_rows, block), layout=cluster.scale_layout(cluster.COL_SPLIT)),
-      ffi.TensorDescriptor(rhs_scale, (1, 4), layout=cluster.scale_layout(cluster.SHARED)),
+                           layout=gmm_ws.shared_layout((block, block), rhs.dtype.name, shared)),
+      ffi.TensorDescriptor(tile_scales, (scale_rows, block), layout=gmm_fp8_ws_cluster.scale_layout(cols)),
+      ffi.TensorDescriptor(rhs_scale, (1, 4), layout=gmm_fp8_ws_cluster.scale_layout(shared)),
       schedule, m,
-      kernel=cluster.gmm_fp8_ws_cluster_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      kernel=gmm_fp8_ws_cluster.gmm_fp8_ws_cluster_kernel, out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms // 2, row_tiles * geometry.cdiv(n, block)),), num_ctas=2,
-      num_warps=cluster.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[consumers], name="jgmm_gmm_fp8_ws_cluster",
+      num_warps=gmm_fp8_ws_cluster.NUM_WARPS, maxnreg=gmm_fp8_ws.MAXNREG[consumers], name="jgmm_gmm_fp8_ws_cluster",
       K=k, N=n, R_MAX=row_tiles, S=config.num_stages,
-      OUT_LAYOUT=gmm_ws.shared_layout((block, block), out_dtype.name, cluster.ROW_SPLIT), MASKED_M=masked_m_rows,
+      OUT_LAYOUT=gmm_ws.shared_layout((block, block), out_dtype.name, rows), MASKED_M=masked_m_rows,
       C=consumers)
 
 

@@ -23,7 +23,7 @@ import jgmm
 from jgmm import backend_triton, fp8, oracle, quantize
 from jgmm.config import Config
 from jgmm.ffi import _compile, _jaxlib
-from jgmm.triton_kernels import gmm_fp8, gmm_fp8_ws_cluster
+from jgmm.triton_kernels import gmm_fp8, gmm_ws_cluster
 
 ON_GPU = any(d.platform == "gpu" for d in jax.devices())
 SMALL = Config(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, tma=False)
@@ -368,7 +368,7 @@ class Fp8CrossLoweringTest(parameterized.TestCase):
     if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
       return  # The plain kernel: no warp-specialised one without host descriptors.
     (compiled,) = _compile._cache.values()
-    ctas = 2 if gmm_fp8_ws_cluster.supported() else 1
+    ctas = 2 if gmm_ws_cluster.supported() else 1
     self.assertEqual(compiled.num_ctas, ctas)
     self.assertEqual(".reqnctapercluster 2" in ptx, ctas == 2)
     self.assertEqual(len(re.findall(r"cp\.async\.bulk\.tensor\S*multicast::cluster", ptx)), 2 if ctas == 2 else 0)
@@ -663,7 +663,7 @@ class GpuFp8Test(Fp8KernelTestBase):
       out = np.asarray(self.poisoned(fn, x_nan, w, jnp.asarray(masked_m), x_scale_nan, w_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)
     self.assertEqual(cluster.called, ws_call.called and tile in CLUSTERS and recipes == RECIPES[1]
-                     and gmm_fp8_ws_cluster.supported())
+                     and gmm_ws_cluster.supported())
     self.assert_close(out, want, GPU_TOL)
     np.testing.assert_array_equal(out[np.asarray(past)], 0.0)
 
@@ -694,7 +694,7 @@ class GpuFp8Test(Fp8KernelTestBase):
       out = np.asarray(self.poisoned(fn, lhs, rhs, jnp.asarray(sizes), lhs_scale, rhs_scale))
     self.assertEqual(ws_call.called, k % 16 == 0)
     self.assertEqual(cluster.called, ws_call.called and block_m in (256, 384) and recipes == RECIPES[1]
-                     and gmm_fp8_ws_cluster.supported())
+                     and gmm_ws_cluster.supported())
     want = oracle.gmm(oracle.dequantize(lhs, lhs_scale, "1x128"), oracle.dequantize(rhs, rhs_scale, "128x128"),
                       sizes, transpose_rhs=True)
     self.assert_close(out, want, GPU_TOL)

@@ -37,7 +37,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
 from jgmm.triton_kernels.gmm_ws import (_tma_load, consumer_tile, release, release_stages, row_tiles_in_use,
                                         store_half, tile_of)
-from jgmm.triton_kernels.gmm_ws_cluster import COL_SPLIT, ROW_SPLIT, SHARED, supported  # noqa: F401 (the backend's)
 
 CONSUMER_M = gl.constexpr(128)  # Rows of a consumer in a cluster tile (64 a CTA).
 NUM_WARPS = 4
@@ -99,7 +98,7 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs
               K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
               H: gl.constexpr, MASKED_M: gl.constexpr, C: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 32], cga_layout=[[1, 0]])
+                                                       instr_shape=[16, BLOCK, 32], cga_layout=[[1, 0]])  # Rows.
   ROWS: gl.constexpr = gl.SliceLayout(1, acc_layout)
   num_n: gl.constexpr = (N + BLOCK - 1) // BLOCK
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
@@ -138,12 +137,12 @@ def _consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs
 def gmm_fp8_ws_cluster_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, schedule_ptr, M, out_ptr, K: gl.constexpr,
                               N: gl.constexpr, R_MAX: gl.constexpr, S: gl.constexpr, OUT_LAYOUT: gl.constexpr,
                               MASKED_M: gl.constexpr, C: gl.constexpr):
-  """Launched with num_ctas = 2 and gmm_fp8_ws.MAXNREG[C] registers; C consumers (2 or 3: cluster tiles of 256 or
-  384 rows, 128 or 192 a CTA). lhs_desc over lhs (M, K), box (128, 128), cga ROW_SPLIT; rhs_desc over rhs viewed
-  (G * N, K), box (128, 128), SHARED; sa_desc over the tile-major lhs block scales viewed (R_MAX * KB * C, 128), box
-  (C, 128), COL_SPLIT; sb_desc over rhs_scale viewed (G * NB, KB4), box (1, 4), SHARED (scale_layout's);
-  schedule_ptr: gmm_ws's schedule of 128 C-row tiles, or masked_m (G,) where MASKED_M (max_m) > 0; out (M, N)
-  through out_ptr and descriptors made here (box (128, 128), OUT_LAYOUT with cga ROW_SPLIT)."""
+  """Launched with num_ctas = 2 and gmm_fp8_ws.MAXNREG[C] registers; C consumers (2 or 3: cluster tiles of 256 or 384
+  rows, 128 or 192 a CTA). lhs_desc over lhs (M, K), box (128, 128), cga ROW_SPLIT; rhs_desc over rhs viewed (G * N,
+  K), box (128, 128), SHARED; sa_desc over the tile-major lhs block scales viewed (R_MAX * KB * P, 128), box (P, 128)
+  (P: C rounded up to a power of 2), COL_SPLIT; sb_desc over rhs_scale viewed (G * NB, KB4), box (1, 4), SHARED
+  (scale_layout's); schedule_ptr: gmm_ws's schedule of 128 C-row tiles, or masked_m (G,) where MASKED_M (max_m) > 0;
+  out (M, N) through out_ptr and descriptors made here (box (128, 128), OUT_LAYOUT with cga ROW_SPLIT)."""
   gl.static_assert(gl.num_ctas() == 2)
   a_bufs = gl.allocate_shared_memory(lhs_desc.dtype, [C * S] + lhs_desc.block_type.shape, lhs_desc.layout)
   b_bufs = gl.allocate_shared_memory(rhs_desc.dtype, [S] + rhs_desc.block_type.shape, rhs_desc.layout)
