@@ -35,8 +35,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jgmm.triton_kernels.gmm_fp8_ws import BLOCK
-from jgmm.triton_kernels.gmm_ws import (_tma_load, consumer_tile, release, release_stages, row_tiles_in_use,
-                                        store_half, tile_of)
+from jgmm.triton_kernels.gmm_ws import (_tma_load, consumer_tile, expect_boxes, release, release_stages,
+                                        row_tiles_in_use, store_half, tile_of)
 
 CONSUMER_M = gl.constexpr(128)  # Rows of a consumer in a cluster tile (64 a CTA).
 NUM_WARPS = 4
@@ -71,9 +71,7 @@ def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, schedule_ptr, a_bufs, b_bufs, 
         mbarrier.wait(empty.index(slot), phase)
         mbarrier.wait(cluster_empty.index(slot), phase)
         ready_bar = ready.index(slot)
-        for i in gl.static_range(C):  # One fires: the bytes of the C - i lhs boxes holding rows.
-          mbarrier.expect(ready_bar, base + (C - i) * half,
-                          pred=(rows > (C - 1 - i) * CONSUMER_M) & (rows <= (C - i) * CONSUMER_M))
+        expect_boxes(ready_bar, base, half, rows, C, CONSUMER_M)
         for h in gl.static_range(C):
           _tma_load(lhs_desc, [row0 + h * CONSUMER_M, kk * BLOCK], ready_bar, a_bufs.index(C * slot + h),
                     pred=rows > h * CONSUMER_M)

@@ -114,6 +114,20 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
 
 
 @gluon.jit
+def expect_boxes(ready_bar, BASE: gl.constexpr, BOX: gl.constexpr, rows, BOXES: gl.constexpr, BOX_M: gl.constexpr):
+  """One expect on ready_bar, of BASE bytes and BOX more per lhs box holding rows of the tile: box j holds its rows
+  [j BOX_M, (j + 1) BOX_M), and the tile 0 < rows <= BOXES BOX_M (a box without rows is not loaded)."""
+  for i in gl.static_range(BOXES):  # One expect fires: the bytes of the BOXES - i boxes holding rows.
+    if i == 0:
+      mbarrier.expect(ready_bar, BASE + BOXES * BOX, pred=rows > (BOXES - 1) * BOX_M)
+    elif i == BOXES - 1:
+      mbarrier.expect(ready_bar, BASE + BOX, pred=rows <= BOX_M)
+    else:
+      mbarrier.expect(ready_bar, BASE + (BOXES - i) * BOX,
+                      pred=(rows > (BOXES - 1 - i) * BOX_M) & (rows <= (BOXES - i) * BOX_M))
+
+
+@gluon.jit
 def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
                N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
                EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2, CTAS: gl.constexpr = 1):
@@ -128,14 +142,7 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
   else:
     half: gl.constexpr = lhs_desc.nbytes_per_cta  # A whole (64, BLOCK_K) half in each CTA.
     base: gl.constexpr = rhs_desc.nbytes_per_cta + EXTRA_BYTES
-  for i in gl.static_range(HALVES):  # One expect fires: the bytes of the HALVES - i halves holding rows.
-    if i == 0:
-      mbarrier.expect(ready_bar, base + HALVES * half, pred=rows > (HALVES - 1) * HALF)
-    elif i == HALVES - 1:
-      mbarrier.expect(ready_bar, base + half, pred=rows <= HALF)
-    else:
-      mbarrier.expect(ready_bar, base + (HALVES - i) * half,
-                      pred=(rows > (HALVES - 1 - i) * HALF) & (rows <= (HALVES - i) * HALF))
+  expect_boxes(ready_bar, base, half, rows, HALVES, HALF)
   for h in gl.static_range(HALVES):
     has_rows = True if h == 0 else rows > h * HALF  # Half 0 always: loaders call only where rows > 0.
     if CTAS == 1:  # (Triton 3.6's copy takes no multicast argument.)
