@@ -639,8 +639,8 @@ class GpuFp8Test(Fp8KernelTestBase):
     tiles), or gmm_fp8_ws_cluster_kernel (CLUSTERS: 256- and 384-row cluster tiles, the block recipe, Triton >= 3.7):
     masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding NaN data
     and scales, row tiles past max_m and column tiles past N, the last K block partial (K blocks not a multiple of
-    4: the cluster kernel's padded rhs scales); masked_m 230 and 17 end in a 192-row tile with at most 64 rows (split
-    by columns among the consumers), the first above rows of zeros to store."""
+    4: the cluster kernel's padded rhs scales); masked_m 230 and 17 end in a 192-row tile with at most 64 rows (one
+    consumer's), the first above rows of zeros to store."""
     groups, max_m, n = 8, 300, 1000
     x, x_scale = self.quantized((groups, max_m, k), recipes[0])
     w, w_scale = self.quantized((groups, n, k), recipes[1])
@@ -672,8 +672,8 @@ class GpuFp8Test(Fp8KernelTestBase):
   def test_warp_specialized_gmm(self, k, recipes, n, block_m):
     """gmm_fp8_ws_kernel on contiguous groups (K-major rhs), 128 x 128, 128 x 256 and 192 x 128 tiles, or
     gmm_fp8_ws_cluster_kernel's cluster tiles of 256 or 384 rows x 128 (block_m 256 and 384: CLUSTERS; the block
-    recipe, Triton >= 3.7): an empty group, groups ending inside tiles (a 192-row tile's at most 64 rows split by
-    columns among its consumers), rows after the last group (zeros); N = 1104
+    recipe, Triton >= 3.7): an empty group, groups ending inside tiles (a 192-row tile with at most 64 rows among
+    them), rows after the last group (zeros); N = 1104
     leaves a 256-wide tile with no right half, N = 104 every one (its right half's epilogue is then left out). K = 7
     runs the plain kernel (a ValueError for 192-row tiles)."""
     m, groups = 1000, 6
@@ -683,7 +683,7 @@ class GpuFp8Test(Fp8KernelTestBase):
     config = dataclasses.replace(WS, block_n=256, num_stages=3) if n in (104, 1104) and block_m == 128 else config
     lhs, lhs_scale = self.quantized((m, k), recipes[0])
     rhs, rhs_scale = self.quantized((groups, n, k), recipes[1])
-    # Groups of 250 and 30 rows end in a 192-row tile with at most 64 rows (split by columns among the consumers).
+    # Groups of 250 and 30 rows end in a 192-row tile with at most 64 rows (one consumer's).
     sizes = np.concatenate([[250, 30], self.rng.multinomial(m - 290, np.full(groups - 2, 1 / (groups - 2)))])
     sizes = sizes.astype(np.int32)
     sizes[2] = 0

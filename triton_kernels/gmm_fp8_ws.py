@@ -118,13 +118,13 @@ def _add_product(acc, a, b, after, sa_buf, s_buf, H: gl.constexpr, R: gl.constex
 @gluon.jit
 def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S: gl.constexpr,
                  LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, WIDE: gl.constexpr, H: gl.constexpr,
-                 HALVES: gl.constexpr, COL0: gl.constexpr = 0, COLS: gl.constexpr = 0):
-  """(acc, acc_right) + lhs half H's products with its rhs tile over k_steps K blocks, from stage `step` on
-  (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] half H's); every stage
+                 HALVES: gl.constexpr):
+  """(acc, acc_right) + consumer H's products with its rhs tile over k_steps K blocks, from stage `step` on
+  (_add_product per block; a stage holds HALVES lhs halves, a_bufs[HALVES * slot + H] consumer H's); every stage
   released. WIDE: a 256-wide rhs tile, per K block its two 128-column halves one after the other into acc and
   acc_right (two float32 accumulators and one product fit the registers; a step reads the lhs tile once for 256
   columns; a right half past N, TMA zeros or the next group's rows, is computed and never stored); else acc_right
-  is returned as given. COLS > 0 (not WIDE): only the rhs tile's columns [COL0, COL0 + COLS), acc (64, COLS)."""
+  is returned as given."""
   for kk in range(k_steps):
     slot = (step + kk) % S
     mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
@@ -138,8 +138,6 @@ def scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, 
       acc_right = _add_product(acc_right, a, b.slice(BLOCK, BLOCK).permute((1, 0)), acc, sa_buf, s_buf, H, 1,
                                LHS_BLOCKS, RHS_BLOCKS)
     else:
-      if COLS > 0:
-        b = b.slice(COL0, COLS)
       acc = _add_product(acc, a, b.permute((1, 0)), acc, sa_buf, s_buf, H, 0, LHS_BLOCKS, RHS_BLOCKS)
     mbarrier.arrive(empty.index(slot))
   return acc, acc_right
@@ -157,33 +155,6 @@ def row_channel_scales(acc, sa_ptrs, sb_ptr, row_mask, col_mask, LHS_BLOCKS: gl.
 
 
 @gluon.jit
-def _split_tile(schedule_ptr, t, num_n, lhs_scale_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, sa_bufs, s_bufs, ready,
-                empty, step, g, row0, rows, col0, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-                S: gl.constexpr, LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, H: gl.constexpr,
-                HALVES: gl.constexpr, MASKED_M: gl.constexpr):
-  """Consumer H's share of a 192 x 128 tile whose rows (0 < rows <= 64, from row0) all lie in half 0 (a group's
-  last tile): columns [COL0, COL0 + COLS) of half 0's product (64, 32 and 32 of 128: a tensor's sides are powers of 2), scaled and stored (rows to store: the
-  tile's, at most 64; zeros past `rows`), its K steps from stage `step` consumed; the three consumers share the
-  tensor cores where one would run alone (one product in flight, promoting between them)."""
-  COLS: gl.constexpr = 64 if H == 0 else 32
-  COL0: gl.constexpr = 0 if H == 0 else 32 + 32 * H
-  layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 32])
-  k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
-  acc = gl.zeros((HALF, COLS), dtype=gl.float32, layout=layout)
-  acc, _ = scaled_steps(acc, acc, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S, LHS_BLOCKS,
-                        RHS_BLOCKS, False, 0, HALVES, COL0, COLS)
-  _, _, _, store_rows, _ = tile_of(schedule_ptr, t, num_n, R_MAX, 1, MASKED_M, HALVES * HALF)
-  r = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
-  cols = col0 + COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-  acc = row_channel_scales(acc, lhs_scale_ptr + row0.to(gl.int64) + r, rhs_scale_ptr + g.to(gl.int64) * N + cols,
-                           r < rows, cols < N, LHS_BLOCKS, RHS_BLOCKS)
-  acc = gl.where(gl.expand_dims(r < rows, 1), acc, 0.0)
-  rows_out = (row0 + r).to(gl.int64)
-  gl.store(out_ptr + gl.expand_dims(rows_out * N, 1) + gl.expand_dims(cols, 0), acc.to(out_ptr.dtype.element_ty),
-           mask=gl.expand_dims(r < gl.minimum(store_rows, HALF), 1) & gl.expand_dims(cols < N, 0))
-
-
-@gluon.jit
 def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, s_bufs, ready,
               empty, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
               LHS_BLOCKS: gl.constexpr, RHS_BLOCKS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
@@ -196,7 +167,6 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK - 1) // BLOCK
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
-  SPLIT: gl.constexpr = HALVES == 3 and not WIDE
   rows_in_half = gl.arange(0, HALF, layout=ROWS)
   step = 0
   for t in range(gl.program_id(0), row_tiles_in_use(schedule_ptr, R_MAX, MASKED_M) * num_n, gl.num_programs(0)):
@@ -209,20 +179,14 @@ def _consumer(schedule_ptr, lhs_scale_ptr, rhs_scale_ptr, M, out_ptr, a_bufs, b_
     acc_right = acc
     if WIDE:
       acc_right = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
-    split = (rows > 0) & (rows <= HALF) if SPLIT else rows < 0  # Every consumer on half 0's columns.
-    if SPLIT:
-      if split:
-        _split_tile(schedule_ptr, t, num_n, lhs_scale_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, sa_bufs, s_bufs,
-                    ready, empty, step, g, row - H * HALF, rows, col0, K, N, R_MAX, S, LHS_BLOCKS, RHS_BLOCKS, H,
-                    HALVES, MASKED_M)
-    if (half_rows > 0) & ~split:
+    if half_rows > 0:
       acc, acc_right = scaled_steps(acc, acc_right, a_bufs, b_bufs, sa_bufs, s_bufs, ready, empty, step, k_steps, S,
                                     LHS_BLOCKS, RHS_BLOCKS, WIDE, H, HALVES)
-    elif (rows > 0) & ~split:  # The other half has rows: keep in step with the stages it consumes.
+    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
       release_stages(ready, empty, step, k_steps, S)
     if rows > 0:
       step += k_steps
-    if (half_store > 0) & ~(split & (H == 0)):  # (A split tile's half 0 is stored by _split_tile.)
+    if half_store > 0:
       cols = col0 + gl.arange(0, BLOCK, layout=COLS)
       sa_ptrs = lhs_scale_ptr + row.to(gl.int64) + rows_in_half  # Row scales (without LHS_BLOCKS).
       acc = row_channel_scales(acc, sa_ptrs, rhs_scale_ptr + g.to(gl.int64) * N + cols, row_mask, cols < N,

@@ -3,8 +3,7 @@ stages, the heuristic's tiles there).
 
 python docs/experiments/tgmm_fp8_ab.py sass|time|ncu KERNEL,...
     KERNEL: tree (triton_kernels/tgmm_fp8_ws.py) or the name of a copy docs/experiments/tgmm_fp8_ws_KERNEL.py,
-    optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5; a copy defining `call` replaces
-    backend_triton._tgmm_fp8_ws (its launch) instead of the kernel module.
+    optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
     output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them (ALIGNED=1: on
     fp8_gmm's backward's operands, each group padded to the 128-row grid; GROUP=1 with ALIGNED=1: wgrad_scale="group"'s,
@@ -51,18 +50,14 @@ def compiled(module, args, config):
   """The public tgmm under `module`'s kernel, compiled."""
   op = lambda a, s, b, t, gs: jgmm.tgmm(a, b, gs, lhs_scale=s, rhs_scale=t, transpose_rhs=True, config=config,
                                        rhs_scale_per_group=GROUP)
-  patch = (mock.patch.object(backend_triton, "_tgmm_fp8_ws", module.call) if hasattr(module, "call")
-           else mock.patch.object(backend_triton, "tgmm_fp8_ws", module))
-  with patch:
+  with mock.patch.object(backend_triton, "tgmm_fp8_ws", module):
     return jax.jit(op).trace(*args).lower().compile()
 
 
 def cross_compiled(module, args, config):
   """`module`'s kernel for sm_90, compiled on the CPU (backend_triton's call, as tests/test_fp8_kernels.py's)."""
   _compile._cache.clear()
-  patch = (mock.patch.object(backend_triton, "_tgmm_fp8_ws", module.call) if hasattr(module, "call")
-           else mock.patch.object(backend_triton, "tgmm_fp8_ws", module))
-  with patch:
+  with mock.patch.object(backend_triton, "tgmm_fp8_ws", module):
     jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=jnp.bfloat16,
                                                config=config)).trace(*args).lower(lowering_platforms=("cuda",))
   (kernel,) = _compile._cache.values()
