@@ -116,7 +116,8 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
 @gluon.jit
 def expect_boxes(ready_bar, BASE: gl.constexpr, BOX: gl.constexpr, rows, BOXES: gl.constexpr, BOX_M: gl.constexpr):
   """One expect on ready_bar, of BASE bytes and BOX more per lhs box holding rows of the tile: box j holds its rows
-  [j BOX_M, (j + 1) BOX_M), and the tile 0 < rows <= BOXES BOX_M (a box without rows is not loaded)."""
+  [j BOX_M, (j + 1) BOX_M), and the tile has rows > 0 (more than BOXES BOX_M fill every box; a box without rows is
+  not loaded)."""
   for i in gl.static_range(BOXES):  # One expect fires: the bytes of the BOXES - i boxes holding rows.
     if i == 0:
       mbarrier.expect(ready_bar, BASE + BOXES * BOX, pred=rows > (BOXES - 1) * BOX_M)

@@ -24,7 +24,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from jgmm.triton_kernels.gmm_fp8_ws import (BLOCK, ROW_SCALE_LAYOUT, SCALE_LAYOUT, SCALES, copy_rhs_scales,
                                             row_channel_scales, scaled_steps)
-from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, _tma_store, allocate_boxes, release_stages
+from jgmm.triton_kernels.gmm_ws import (HALF, _tma_load, _tma_store, allocate_boxes, expect_boxes,
+                                        release_stages)
 
 
 @gluon.jit
@@ -79,8 +80,7 @@ def _loader(lhs_ptrs, rhs_ptrs, lhs_scale_ptrs, rhs_scale_ptrs, problems_ptr, a_
       mbarrier.wait(empty.index(s), ((step // S) & 1) ^ 1)
       if RHS_BLOCKS:
         copy_rhs_scales(s_bufs.index(s), ready.index(s), sb_ptr, kk, k_steps, False)
-      mbarrier.expect(ready.index(s), 2 * half_bytes + tile_bytes, pred=both)
-      mbarrier.expect(ready.index(s), half_bytes + tile_bytes, pred=m - row0 <= HALF)
+      expect_boxes(ready.index(s), tile_bytes, half_bytes, m - row0, 2, HALF)
       _tma_load(lhs_desc, [row0, kk * BLOCK], ready.index(s), a_bufs.index(2 * s))
       _tma_load(lhs_desc, [row0 + HALF, kk * BLOCK], ready.index(s), a_bufs.index(2 * s + 1), pred=both)
       _tma_load(rhs_desc, [col0, kk * BLOCK], ready.index(s), b_bufs.index(s))
