@@ -639,8 +639,8 @@ class GpuFp8Test(Fp8KernelTestBase):
     tiles), or gmm_fp8_ws_cluster_kernel (CLUSTERS: 256- and 384-row cluster tiles, the block recipe, Triton >= 3.7):
     masked_m of 0, max_m, random and out of range (clipped by jgmm.masked_gmm), rows past masked_m holding NaN data
     and scales, row tiles past max_m and column tiles past N, the last K block partial (K blocks not a multiple of
-    4: the cluster kernel's padded rhs scales); masked_m 230 and 17 end in a 192-row tile with at most 64 rows (one
-    consumer's), the first above rows of zeros to store."""
+    4: the cluster kernel's padded rhs scales); masked_m 230 and 17 leave a 192-row tile at most 64 rows (one
+    consumer's: 230 after a full tile, 17 in the first), zeros stored past them."""
     groups, max_m, n = 8, 300, 1000
     x, x_scale = self.quantized((groups, max_m, k), recipes[0])
     w, w_scale = self.quantized((groups, n, k), recipes[1])
