@@ -682,7 +682,7 @@ class GpuKernelTest(KernelTestBase):
     bounds = self.bounds(m, sizes["sizes"], start=sizes["start"])
     want, want_dbias = tgmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None, True)
     outside = np.r_[:bounds[0], bounds[-1]:m]
-    poison = np.resize(np.array([np.inf, -np.inf, np.nan], np.float32), len(outside))[:, None]
+    poison = np.resize(np.array([np.inf, -np.inf, np.nan], jnp.bfloat16), len(outside))[:, None]
     config = Config(block_m=128, block_n=128, block_k=block_k, num_warps=8, num_stages=4, warp_specialized=True)
     got = run_tgmm(lhs.at[outside].set(poison), rhs.at[outside].set(poison[::-1]), bounds, transpose_lhs=True,
                    out_dtype=jnp.bfloat16, bias_grad=bias_grad, config=config)
