@@ -273,7 +273,7 @@ def _tgmm_ws(lhs, rhs, bounds, out_shapes, bias_grad, config, device):
       kernel=tgmm_ws.tgmm_ws_kernel, out_shape=out_shapes, grid=(min(device.num_sms, tiles),),
       num_warps=tgmm_ws.NUM_WARPS, maxnreg=tgmm_ws.MAXNREG, name="jgmm_tgmm_ws", G=num_groups, K=k, N=n,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
-      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), BIAS_GRAD=bias_grad)
+      OUT_LAYOUT=gmm_ws.shared_layout(out_block, out_dtype.name), BIAS_GRAD=bias_grad, BAND=config.band_tiles)
 
 
 def _masked(x, w, masked_m, transpose_w, out_dtype, expected_m, config, precision):

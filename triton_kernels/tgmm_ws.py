@@ -34,19 +34,32 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 
 @gluon.jit
-def group_tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
-  """(group, K tile, N tile, the group's first row, its end) of output tile t of 128 x BLOCK_N (group-major, then K
-  tiles, then N tiles; this kernel's and tgmm_fp8_ws's order)."""
+def group_tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BAND: gl.constexpr = 1):
+  """(group, K tile, N tile, the group's first row, its end) of output tile t of 128 x BLOCK_N: group-major, then
+  within a group in bands of BAND K tiles, the K tile fastest inside a band (BAND 1: row-major, the N tile fastest;
+  this kernel's and tgmm_fp8_ws's order). Programs running at once read the same rhs columns of the group's rows
+  with BAND = 1, the same lhs columns with BAND = cdiv(K, 128): the one that fits the L2 should be the one reread."""
   num_k: gl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   g = t // (num_k * num_n)
-  return g, t % (num_k * num_n) // num_n, t % num_n, gl.load(bounds_ptr + g), gl.load(bounds_ptr + g + 1)
+  local = t - g * (num_k * num_n)
+  if BAND == 1:
+    ki = local // num_n
+    ni = local % num_n
+  else:
+    band = local // (BAND * num_n)
+    band_k = gl.minimum(num_k - band * BAND, BAND)
+    within = local - band * (BAND * num_n)
+    ki = band * BAND + within % band_k
+    ni = within // band_k
+  return g, ki, ni, gl.load(bounds_ptr + g), gl.load(bounds_ptr + g + 1)
 
 
 @gluon.jit
-def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+          BAND: gl.constexpr):
   """group_tile's (group, K tile, N tile, first row, end) and the group's steps and the K rows in tile t."""
-  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N)
+  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N, BAND)
   return g, ki, ni, start, end, (end - start + BLOCK_K - 1) // BLOCK_K, gl.minimum(K - ki * BLOCK_M, BLOCK_M)
 
 
@@ -60,7 +73,7 @@ def _last_start(bounds_ptr, G: gl.constexpr, BLOCK_K: gl.constexpr):
 
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.constexpr, K: gl.constexpr,
-            N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr):
+            N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, BAND: gl.constexpr):
   """Per step of each tile: waits until both consumers released the stage, then copies the step's lhs halves (the
   bottom one only if the tile has K rows there) and rhs rows into it."""
   num_tiles: gl.constexpr = G * ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
@@ -68,7 +81,7 @@ def _loader(lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G: gl.
   last_start = _last_start(bounds_ptr, G, BLOCK_K)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    _, ki, ni, start, _, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K, BAND)
     both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
     for kk in range(steps):
       slot = step % S
@@ -122,7 +135,7 @@ def _column_sums(b_buf, m0, lo, end, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexp
 @gluon.jit
 def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G: gl.constexpr,
               K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr, H: gl.constexpr):
+              OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr, BAND: gl.constexpr, H: gl.constexpr):
   """Consumer H: K rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator; with BIAS_GRAD, consumer
   0 also the column sums of the tiles of K tile 0 (_column_sums, into dbias (G, N))."""
   sums_layout: gl.constexpr = gl.BlockedLayout([16, BLOCK_N // 128], [1, 32], [1, 4], [1, 0])
@@ -134,7 +147,7 @@ def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, emp
   last_start = _last_start(bounds_ptr, G, BLOCK_K)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K)
+    g, ki, ni, start, end, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BLOCK_K, BAND)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     sums = gl.zeros((BLOCK_N,), gl.float32, gl.SliceLayout(0, sums_layout))
@@ -171,15 +184,15 @@ def _consumer(bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, emp
 @gluon.jit
 def tgmm_ws_kernel(lhs_desc, rhs_desc, bounds_ptr, out_ptr, dbias_ptr, G: gl.constexpr, K: gl.constexpr,
                    N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                   OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr):
+                   OUT_LAYOUT: gl.constexpr, BIAS_GRAD: gl.constexpr, BAND: gl.constexpr):
   """lhs_desc over lhs (M, K), box (BLOCK_K, 64); rhs_desc over rhs (M, N), box (BLOCK_K, BLOCK_N); bounds (G + 1,)
   int32, sanitised; out (G, K, N) through out_ptr and descriptors made here over its (G * K, N) view (box (64,
   BLOCK_N), shared-memory layout OUT_LAYOUT); dbias (G, N) float32 with BIAS_GRAD (else never touched)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (_consumer, (bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K,
-                   S, OUT_LAYOUT, BIAS_GRAD, 0)),
+                   S, OUT_LAYOUT, BIAS_GRAD, BAND, 0)),
       (_consumer, (bounds_ptr, out_ptr, dbias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K,
-                   S, OUT_LAYOUT, BIAS_GRAD, 1)),
-      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S)),
+                   S, OUT_LAYOUT, BIAS_GRAD, BAND, 1)),
+      (_loader, (lhs_desc, rhs_desc, bounds_ptr, a_bufs, b_bufs, ready, empty, G, K, N, BLOCK_N, BLOCK_K, S, BAND)),
   ], [4, 1], [232, 40])

@@ -1,9 +1,11 @@
 """A/B: the weight gradient (tgmm, lhs (M, K) read transposed) of jgmm.bench's cases through the table's config (this
 GPU's table), tgmm_kernel ("plain", the tables' choice before session 26) and the warp-specialised tgmm
-(triton_kernels/tgmm_ws.py) in several tilings, timed interleaved. Issue 17, session 26.
+(triton_kernels/tgmm_ws.py) in several tilings, timed interleaved. Issue 17, session 26. CONFIG "table@bB": the
+table's config with band_tiles B (session 39: the tile order).
 
     python docs/experiments/tgmm_ws_ab.py [CASE,...] [CONFIG,...]
 """
+import dataclasses
 import functools
 import sys
 
@@ -33,7 +35,9 @@ for name, m, k, n, g in [c for c in CASES if c[0] in names]:
   table = config_table.select(config_table.make_key("tgmm", "bfloat16", "bfloat16", m / g, k, n, g, transpose=True),
                               arch=device.arch, device_kind=device.kind).config
   fns, ref = {}, None
-  for cname, config in {"table": table, **{c: WS[c] for c in picked}}.items():
+  variants = {c: dataclasses.replace(table, band_tiles=int(c[7:])) if c.startswith("table@b") else WS[c]
+              for c in picked}
+  for cname, config in {"table": table, **variants}.items():
     f = jax.jit(functools.partial(backend_triton.tgmm, existing_out=None, transpose_lhs=True, out_dtype=jnp.bfloat16,
                                   bias_grad=False, config=config))
     out = np.asarray(f(inp.x, inp.dout, bounds), np.float32)
