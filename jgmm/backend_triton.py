@@ -605,7 +605,8 @@ def _tgmm_fp8_ws(lhs, rhs, bounds, lhs_scale, rhs_scale, out_shape, config, devi
       kernel=tgmm_fp8_ws.tgmm_fp8_ws_kernel, out_shape=out_shape,
       grid=(min(device.num_sms, tiles),), num_warps=tgmm_fp8_ws.NUM_WARPS, maxnreg=tgmm_fp8_ws.MAXNREG,
       name="jgmm_tgmm_fp8_ws", G=num_groups, K=k, N=n, BLOCK_N=config.block_n, S=config.num_stages,
-      OUT_LAYOUT=layout(out_box, out_shape.dtype.name), RHS_GROUPS=rhs_scale_per_group, TRANSPOSE_OUT=transpose_out)
+      OUT_LAYOUT=layout(out_box, out_shape.dtype.name), RHS_GROUPS=rhs_scale_per_group, TRANSPOSE_OUT=transpose_out,
+      BAND=config.band_tiles)
 
 
 def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose_rhs, out_dtype, config,

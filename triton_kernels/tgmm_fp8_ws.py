@@ -41,10 +41,10 @@ SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, r
 
 
 @gluon.jit
-def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr):
+def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BAND: gl.constexpr):
   """tgmm_ws.group_tile's (group, K tile, N tile, first row, end) and the group's first step and steps on the
   128-row scale grid and the K rows in tile t."""
-  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N)
+  g, ki, ni, start, end = group_tile(bounds_ptr, t, K, N, BLOCK_N, BAND)
   first = start // BLOCK
   steps = ((end + BLOCK - 1) // BLOCK - first) * (end > start).to(gl.int32)
   return g, ki, ni, start, end, first, steps, gl.minimum(K - ki * BLOCK, BLOCK)
@@ -53,14 +53,14 @@ def _tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr
 @gluon.jit
 def _loader(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty,
             G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-            RHS_GROUPS: gl.constexpr):
+            RHS_GROUPS: gl.constexpr, BAND: gl.constexpr):
   num_tiles: gl.constexpr = G * ((K + BLOCK - 1) // BLOCK) * ((N + BLOCK_N - 1) // BLOCK_N)
   # One lhs half, the rhs tile and the scale rows (rhs's unless RHS_GROUPS).
   half_bytes: gl.constexpr = (lhs_desc.block_type.nbytes + rhs_desc.block_type.nbytes + sa_desc.block_type.nbytes
                               + (0 if RHS_GROUPS else sb_desc.block_type.nbytes))
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    _, ki, ni, _, _, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BAND)
     both = rows > HALF  # Else the bottom half holds no K row: its consumer skips it, so no load.
     for kk in range(steps):
       slot = step % S
@@ -210,7 +210,8 @@ def _store(out_ptr, out_desc, c_buf, acc, g, ki, col0, half_rows, H: gl.constexp
 @gluon.jit
 def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty,
               G: gl.constexpr, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
-              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr, TRANSPOSE_OUT: gl.constexpr):
+              OUT_LAYOUT: gl.constexpr, H: gl.constexpr, RHS_GROUPS: gl.constexpr, TRANSPOSE_OUT: gl.constexpr,
+              BAND: gl.constexpr):
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 32])
   WIDE: gl.constexpr = BLOCK_N == 2 * BLOCK
@@ -221,7 +222,7 @@ def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_buf
     out_desc = tma.make_tensor_descriptor(out_ptr, [G * K, N], [N, 1], [HALF, BLOCK], OUT_LAYOUT)
   step = 0
   for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N)
+    g, ki, ni, start, end, first, steps, rows = _tile(bounds_ptr, t, K, N, BLOCK_N, BAND)
     half_rows = gl.minimum(gl.maximum(rows - H * HALF, 0), HALF)
     acc = gl.zeros((HALF, BLOCK), dtype=gl.float32, layout=acc_layout)
     if WIDE:
@@ -253,7 +254,7 @@ def _consumer(bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_buf
 def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, rhs_scale_ptr, out_ptr, G: gl.constexpr,
                        K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, S: gl.constexpr,
                        OUT_LAYOUT: gl.constexpr, RHS_GROUPS: gl.constexpr = False,
-                       TRANSPOSE_OUT: gl.constexpr = False):
+                       TRANSPOSE_OUT: gl.constexpr = False, BAND: gl.constexpr = 1):
   """lhs_desc over lhs (K, M), box (64, 128); rhs_desc over rhs (N, M), box (BLOCK_N, 128); sa_desc over lhs_scale
   (MB, K), box (1, 128), and sb_desc over rhs_scale (MB, N), box (1, BLOCK_N), both in SCALE_LAYOUT (with
   RHS_GROUPS: rhs_scale (G, N), read through rhs_scale_ptr; sb_desc unread); bounds (G + 1,) int32; out (G, K, N)
@@ -265,9 +266,9 @@ def tgmm_fp8_ws_kernel(lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, rhs_sca
   sb_bufs = gl.allocate_shared_memory(gl.float32, [S, 1, BLOCK_N], SCALE_LAYOUT)
   gl.warp_specialize([
       (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
-                   N, BLOCK_N, S, OUT_LAYOUT, 0, RHS_GROUPS, TRANSPOSE_OUT)),
+                   N, BLOCK_N, S, OUT_LAYOUT, 0, RHS_GROUPS, TRANSPOSE_OUT, BAND)),
       (_consumer, (bounds_ptr, rhs_scale_ptr, out_ptr, a_bufs, b_bufs, c_bufs, sa_bufs, sb_bufs, ready, empty, G, K,
-                   N, BLOCK_N, S, OUT_LAYOUT, 1, RHS_GROUPS, TRANSPOSE_OUT)),
+                   N, BLOCK_N, S, OUT_LAYOUT, 1, RHS_GROUPS, TRANSPOSE_OUT, BAND)),
       (_loader, (lhs_desc, rhs_desc, sa_desc, sb_desc, bounds_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, G,
-                 K, N, BLOCK_N, S, RHS_GROUPS)),
+                 K, N, BLOCK_N, S, RHS_GROUPS, BAND)),
   ], [4, 1], [240, 24])

@@ -3,7 +3,7 @@ stages, the heuristic's tiles there).
 
 python docs/experiments/tgmm_fp8_ab.py sass|time|ncu KERNEL,...
     KERNEL: tree (triton_kernels/tgmm_fp8_ws.py) or the name of a copy docs/experiments/tgmm_fp8_ws_KERNEL.py,
-    optionally @BLOCK_N@STAGES (default @256@3), e.g. pipe@128@5.
+    optionally @BLOCK_N@STAGES[@BAND] (default @256@3), e.g. pipe@128@5.
     sass (CPU, JAX_PLATFORMS=cpu): ptxas's spill line for each; time (GPU): TFLOP/s of each, interleaved, each
     output's DeepGEMM diff from the first kernel's printed and the bf16 tgmm's time beside them (ALIGNED=1: on
     fp8_gmm's backward's operands, each group padded to the 128-row grid; GROUP=1 with ALIGNED=1: wgrad_scale="group"'s,
@@ -43,7 +43,8 @@ def config_of(label):
   _, *geometry = label.split("@")
   if not geometry:
     return CONFIG
-  return dataclasses.replace(CONFIG, block_n=int(geometry[0]), num_stages=int(geometry[1]))
+  band = int(geometry[2]) if len(geometry) > 2 else CONFIG.band_tiles  # @BAND: band_tiles (session 39).
+  return dataclasses.replace(CONFIG, block_n=int(geometry[0]), num_stages=int(geometry[1]), band_tiles=band)
 
 
 def compiled(module, args, config):
