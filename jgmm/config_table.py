@@ -498,8 +498,10 @@ def heuristic_config(key: Key, arch: str | None) -> Config:
     # lhs (M, K) read transposed, gmm's weight gradient: the warp-specialised tgmm (H100, Triton 3.6: 1.04-1.13x
     # tgmm_kernel on the bench's cases at these tiles, 1.09x at 256 rows per group, the fewest measured;
     # docs/perf-notes.md "Session 26"). tgmm_kernel runs the same tiles where it does not take a call (float32, a
-    # bias gradient, existing_out).
-    config = dataclasses.replace(config, warp_specialized=True)
+    # bias gradient, existing_out). From 1024 rows per group, its tiles in bands of 8 K tiles (H100: 1.08-1.11x
+    # row-major on the bench's three compute-bound cases, 2.2-2.9x fewer DRAM bytes; 0.99x at 256 rows per group:
+    # docs/perf-notes.md "Session 39").
+    config = dataclasses.replace(config, warp_specialized=True, band_tiles=8 if key.rows >= 1024 else 1)
   elif key.op in FP8_WS_OPS and key.scale == "row-channel" and key.n > 128 and _wide_fp8_waves(key) >= 4:
     # Row and channel scales apply once, in the epilogue: 256-wide tiles read 25% fewer bytes per FLOP (H100:
     # +5-14% on contiguous dsv3 shapes, +8% on 32 groups of ~192 rows, -5 to -11% on one group of 1024 rows, whose

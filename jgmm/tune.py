@@ -78,9 +78,10 @@ _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4,
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
 # The warp-specialised bf16 tgmm's (lhs (M, K) read transposed): each the fastest on some bench case's weight
-# gradient on an H100 under Triton 3.6 (docs/perf-notes.md, Session 26).
+# gradient on an H100 under Triton 3.6 (docs/perf-notes.md, Session 26), and in bands of K tiles (Session 39).
 _TGMM_WS = [_C(128, 256, 64, 8, 3, warp_specialized=True), _C(128, 256, 32, 8, 6, warp_specialized=True),
-            _C(128, 128, 64, 8, 5, warp_specialized=True)]
+            _C(128, 128, 64, 8, 5, warp_specialized=True), _C(128, 256, 32, 8, 6, warp_specialized=True, band_tiles=8),
+            _C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8)]
 _SMALL_TGMM = [_C(128, 256, 16, 8, 3), _C(128, 256, 32, 8, 3), _C(128, 128, 16, 4, 4)]
 # The plain FP8 kernels' tilings (gmm_fp8_kernel, masked_gmm_fp8_kernel; each with TMA loads and without): K steps
 # of one 128-wide scale block, or half of one.
@@ -95,9 +96,11 @@ _FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
            _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True, cluster_size=2),
            _C(192, 128, 128, 8, 4, tma=False, warp_specialized=True, cluster_size=2)]
 # The warp-specialised FP8 tgmm's (lhs (K, M), rhs (N, M)): 128 x block_n tiles of out (K, N), 128 rows of M a step;
-# the most stages its shared memory holds with bf16 out (geometry.tgmm_fp8_ws_ok), and one fewer at 128 wide.
+# the most stages its shared memory holds with bf16 out (geometry.tgmm_fp8_ws_ok), and one fewer at 128 wide; in
+# bands of 8 K tiles (1.05x on the recipe's dsv3 gate-up on an H100, 0.99x on down: docs/perf-notes.md, Session 39).
 _TGMM_FP8_WS = [_C(128, 128, 128, 8, 4, tma=False, warp_specialized=True),
                 _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True),
+                _C(128, 128, 128, 8, 5, tma=False, warp_specialized=True, band_tiles=8),
                 _C(128, 256, 128, 8, 3, tma=False, warp_specialized=True)]
 _FLOAT_DTYPES = ("bfloat16", "float16", "float32")  # --dtype's, --out-dtype's
 # Unit roundoff per dtype. fp32: Triton's dots round inputs to TF32 (10 mantissa bits). FP8 inputs have none here:

@@ -166,7 +166,8 @@ class LookupTest(TableTestBase):
 
   def test_heuristic_takes_the_ws_tgmm_for_the_gmm_backward_layout_on_sm90(self):
     """tgmm with lhs (M, K) read transposed from 256 rows per group on sm90 (measured there): the warp-specialised
-    tgmm, at tiles its kernel takes (geometry.tgmm_ws_ok); elsewhere tgmm_kernel's config (ws off)."""
+    tgmm, at tiles its kernel takes (geometry.tgmm_ws_ok), in bands of 8 K tiles from 1024 rows per group;
+    elsewhere tgmm_kernel's config (ws off, row-major)."""
     for arch in ("sm90", "sm80", None):
       for transpose in (False, True):
         for rows, n in ((64, 4096), (128, 4096), (256, 1536), (1024, 14336), (1024, 128)):
@@ -174,6 +175,7 @@ class LookupTest(TableTestBase):
           config = config_table.heuristic_config(k, arch)
           want = arch == "sm90" and transpose and rows >= 256
           self.assertEqual(config.warp_specialized, want, (k, arch))
+          self.assertEqual(config.band_tiles, 8 if want and rows >= 1024 else 1, (k, arch))
           if want:
             self.assertTrue(geometry.tgmm_ws_ok(8 * rows, 4096, n, 8, config.block_m, config.block_n,
                                                 config.block_k, config.num_stages,

@@ -705,14 +705,14 @@ class GpuFp8Test(Fp8KernelTestBase):
     np.testing.assert_array_equal(out[m - 10:], 0.0)
 
   @parameterized.product(k=(64, 960, 1000), n=(104, 520), out_dtype=(jnp.float32, jnp.bfloat16),
-                         tiling=((128, 4), (128, 2), (256, 3)))
+                         tiling=((128, 4, 1), (128, 2, 1), (256, 3, 1), (128, 5, 3)))
   def test_warp_specialized_tgmm(self, k, n, out_dtype, tiling):
     """tgmm_fp8_ws_kernel (lhs (K, M), rhs (N, M)): groups of 0, 1, 127, 128, 129 rows and several inside one
     128-row step (its columns of other groups zeroed in shared memory), rows after the last group holding NaN,
     K tiles with one or two 64-row halves, N past the last column tile; 128-wide tiles (two products in flight:
     groups of 1, 2, 3 and 6 steps; 2 stages, the fewest it takes) and 256-wide ones (a tile with no right half at
-    N = 520)."""
-    block_n, stages = tiling
+    N = 520); tiles in bands of 3 K tiles (the last one shorter at K = 960 and 1000, wider than K = 64's one)."""
+    block_n, stages, band = tiling
     m = 3008
     sizes = np.array([0, 1, 127, 128, 129, 300, 5, 3, 0, 700, self.rng.integers(1, 1000), 0], np.int32)
     sizes[-1] = m - 40 - sizes.sum()
@@ -722,7 +722,7 @@ class GpuFp8Test(Fp8KernelTestBase):
                           sizes, transpose_lhs=True)
     after = jnp.arange(m)[:, None] >= m - 40
     lhs_nan = jnp.where(after, jnp.nan, lhs_mk.astype(jnp.float32)).astype(lhs_mk.dtype)
-    config = dataclasses.replace(WS, block_n=block_n, num_stages=stages)
+    config = dataclasses.replace(WS, block_n=block_n, num_stages=stages, band_tiles=band)
     fn = jax.jit(lambda *a: jgmm.tgmm(*a[:3], lhs_scale=a[3], rhs_scale=a[4], transpose_rhs=True,
                                       preferred_element_type=out_dtype, config=config))
     with mock.patch.object(backend_triton, "_tgmm_fp8_ws", wraps=backend_triton._tgmm_fp8_ws) as ws_call:

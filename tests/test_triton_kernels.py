@@ -399,7 +399,8 @@ class CrossLoweringTest(parameterized.TestCase):
     bias gradient), tgmm_kernel elsewhere and with a jaxlib that cannot build host TMA descriptors."""
     m, k, n, groups = shape
     s = jax.ShapeDtypeStruct
-    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
+                    band_tiles=8)
     _, signatures = self.lower(
         lambda l, r, b: backend_triton.tgmm(l, r, b, None, transpose_lhs=transpose_lhs, out_dtype=dt,
                                             bias_grad=bias_grad, config=config),
@@ -637,12 +638,13 @@ class GpuKernelTest(KernelTestBase):
        dict(m=700, k=256, n=384, groups=48)),
       (dict(dtype="bf16", bias_grad=False), dict(dtype="f16", bias_grad=False), dict(dtype="bf16", bias_grad=True)),
       tile=(dict(block_n=256, num_stages=3, block_k=64), dict(block_n=128, num_stages=5, block_k=64),
-            dict(block_n=256, num_stages=6, block_k=32)),
+            dict(block_n=256, num_stages=6, block_k=32, band_tiles=3)),
   )
   def test_tgmm_ws(self, m, k, n, groups, dtype, bias_grad, tile):
     """The warp-specialised tgmm: random groups with empty ones and rows before and after them, groups ending
     inside a step (their last step's rows past the group zeroed), groups of one step (48 groups of ~14 rows), K
-    tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group; the bias gradient
+    tiles of one consumer's half (K = 2880, 136, 72), N not a multiple of the tile, one group; tiles in bands of 3
+    K tiles (the last band shorter at K = 2880 and 2048, wider than the group's K tiles at K <= 256); the bias gradient
     (column sums of rhs per group, consumer 0's on K tile 0) with rows outside the groups set to NaN in rhs: it
     selects them out, so they must not reach it (test_tgmm_ws_rows_outside_groups checks the product)."""
     dt = GPU_DTYPES[dtype]

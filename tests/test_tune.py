@@ -465,8 +465,9 @@ class CandidatesTest(absltest.TestCase):
           key = config_table.make_key("tgmm", dtype, dtype, rows, 4096, 14336, 8, transpose=transpose)
           ws = [c for c in tune.candidate_space(key, "small") if c.warp_specialized]
           want = dtype != "float32" and transpose and rows > 32
-          self.assertEqual({(c.block_n, c.block_k, c.num_stages) for c in ws},
-                           {(256, 64, 3), (256, 32, 6), (128, 64, 5)} if want else set(), key)
+          self.assertEqual({(c.block_n, c.block_k, c.num_stages, c.band_tiles) for c in ws},
+                           {(256, 64, 3, 1), (256, 32, 6, 1), (128, 64, 5, 1), (256, 32, 6, 8), (256, 64, 3, 8)}
+                           if want else set(), key)
           for c in ws:
             self.assertTrue(geometry.tgmm_ws_ok(8192, 4096, 14336, 8, c.block_m, c.block_n, c.block_k,
                                                 c.num_stages, limit), c)
