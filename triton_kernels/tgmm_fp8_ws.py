@@ -6,12 +6,12 @@ scales float32 (MB, K) and (MB, N) per 128 rows of M on M's global grid (gmm_fp8
 out (G, K, N) viewed (G * K, N).
 
 gmm_fp8_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N (128 or 256): t = program id,
-+ programs, ...; tile t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are consecutive:
-its rows stay in L2). A TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K
-rows [64 H, 64 H + 64) of the tile, reduce the 128-row steps of M that hold rows of the group, on the scale grid:
-steps [start // 128, cdiv(end, 128)). Per step and 128 columns, the wgmmas start from zero and a float32
-accumulator takes the product times sa[:, None] * sb[None, :] after the wait (promotion, as in gmm_fp8_ws); a
-256-wide tile does its two column halves one after the other (two float32 accumulators and one product fit the
++ programs, ...; tile t is group t // (KT * NT), then its K and N tiles in bands of BAND K tiles (tgmm_ws.group_tile;
+a group's tiles are consecutive: its rows stay in L2). A TMA loader warp fills S shared-memory stages; two consumer
+warpgroups, consumer H owning K rows [64 H, 64 H + 64) of the tile, reduce the 128-row steps of M that hold rows of
+the group, on the scale grid: steps [start // 128, cdiv(end, 128)). Per step and 128 columns, the wgmmas start from
+zero and a float32 accumulator takes the product times sa[:, None] * sb[None, :] after the wait (promotion, as in
+gmm_fp8_ws); a 256-wide tile does its two column halves one after the other (two float32 accumulators and one product fit the
 registers; two products would not), so each step reads the lhs tile once for 256 columns. A 128-wide tile keeps
 two products in flight instead: each consumer issues step s + 1's wgmmas before it waits for step s's and promotes
 them (one float32 accumulator and two products fit), so its tensor cores run while it promotes (+24% on the H200

@@ -3,7 +3,8 @@
 out[g] (K, N) = lhs[rows of g].T @ rhs[rows of g]: lhs (M, K), rhs (M, N), out (G, K, N) viewed (G * K, N).
 
 gmm_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N: t = program id, + programs, ...; tile
-t is group t // (KT * NT), then its K tile, then its N tile (a group's tiles are consecutive: its rows stay in L2). A
+t is group t // (KT * NT), then its K and N tiles in bands of BAND K tiles (group_tile; a group's tiles are
+consecutive: its rows stay in L2, and programs running at once share the rhs columns of a band). A
 TMA loader warp fills S shared-memory stages; two consumer warpgroups, consumer H owning K rows [64 H, 64 H + 64) of
 the tile, reduce the group's rows BLOCK_K at a time with the lhs half read transposed from shared memory (wgmma's
 MN-major operand). Step s reads BLOCK_K rows from the group's first row + s * BLOCK_K (TMA reads at any row), or
@@ -35,10 +36,12 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 
 @gluon.jit
 def group_tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, BAND: gl.constexpr = 1):
-  """(group, K tile, N tile, the group's first row, its end) of output tile t of 128 x BLOCK_N: group-major, then
-  within a group in bands of BAND K tiles, the K tile fastest inside a band (BAND 1: row-major, the N tile fastest;
-  this kernel's and tgmm_fp8_ws's order). Programs running at once read the same rhs columns of the group's rows
-  with BAND = 1, the same lhs columns with BAND = cdiv(K, 128): the one that fits the L2 should be the one reread."""
+  """(group, K tile, N tile, the group's first row, its end) of output tile t of 128 x BLOCK_N (this kernel's and
+  tgmm_fp8_ws's order): group-major, then in bands of BAND K tiles, the K tile fastest inside a band
+  (common.tile_coords' order over the group's K tiles; BAND 1: row-major, the N tile fastest). A wave of programs
+  then reads the rhs columns of a few N tiles and the lhs columns of a band, where row-major reads all of the group's
+  rhs columns (on an H100, bands of 8 read 2.2-2.9x fewer DRAM bytes on the bench's compute-bound weight gradients:
+  docs/perf-notes.md, Session 39)."""
   num_k: gl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   g = t // (num_k * num_n)
