@@ -5,19 +5,19 @@ FP8, both M-contiguous (the contraction runs along M: K-major operands, the only
 scales float32 (MB, K) and (MB, N) per 128 rows of M on M's global grid (gmm_fp8.py's tgmm), MB = cdiv(M, 128);
 out (G, K, N) viewed (G * K, N).
 
-gmm_fp8_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N (128 or 256): t = program id,
-+ programs, ...; tile t is group t // (KT * NT), then its K and N tiles in bands of BAND K tiles (tgmm_ws.group_tile;
+gmm_fp8_ws.py's structure: one program per SM walks output tiles of 128 x BLOCK_N (128 or 256): t = program id, +
+programs, ...; tile t is group t // (KT * NT), then its K and N tiles in bands of BAND K tiles (tgmm_ws.group_tile;
 a group's tiles are consecutive: its rows stay in L2). A TMA loader warp fills S shared-memory stages; two consumer
 warpgroups, consumer H owning K rows [64 H, 64 H + 64) of the tile, reduce the 128-row steps of M that hold rows of
 the group, on the scale grid: steps [start // 128, cdiv(end, 128)). Per step and 128 columns, the wgmmas start from
 zero and a float32 accumulator takes the product times sa[:, None] * sb[None, :] after the wait (promotion, as in
-gmm_fp8_ws); a 256-wide tile does its two column halves one after the other (two float32 accumulators and one product fit the
-registers; two products would not), so each step reads the lhs tile once for 256 columns. A 128-wide tile keeps
-two products in flight instead: each consumer issues step s + 1's wgmmas before it waits for step s's and promotes
-them (one float32 accumulator and two products fit), so its tensor cores run while it promotes (+24% on the H200
-without the zeroing below, docs/perf-notes.md "Session 21"). A group's first and last steps also hold rows of other
-groups (or rows of none) unless its rows start and end on the 128-row grid (fp8_gmm's backward pads each group to
-it): before its wgmma, each consumer zeroes those columns of its own lhs half in shared memory (the loader copies
+gmm_fp8_ws); a 256-wide tile does its two column halves one after the other (two float32 accumulators and one
+product fit the registers; two products would not), so each step reads the lhs tile once for 256 columns. A 128-wide
+tile keeps two products in flight instead: each consumer issues step s + 1's wgmmas before it waits for step s's and
+promotes them (one float32 accumulator and two products fit), so its tensor cores run while it promotes (+24% on the
+H200 without the zeroing below, docs/perf-notes.md "Session 21"). A group's first and last steps also hold rows of
+other groups (or rows of none) unless its rows start and end on the 128-row grid (fp8_gmm's backward pads each group
+to it): before its wgmma, each consumer zeroes those columns of its own lhs half in shared memory (the loader copies
 all 128 rows of a step; TMA reads zeros past M). A tile of an empty group stores zeros without loading.
 RHS_GROUPS: rhs's scales are one per group and column instead (rhs_scale (G, N), fp8_gmm's wgrad_scale="group"):
 the promotion multiplies by the row scales alone and the epilogue by the tile's column scales, once (the 32 column
