@@ -444,7 +444,8 @@ class CandidatesTest(absltest.TestCase):
 
   def test_bf16_ws_orders_and_clusters_are_screened_where_they_run(self):
     """gmm and gmm_t keys screen the ws kernel in bands of 8, and on 2-CTA clusters only where this Triton has them
-    (elsewhere the cluster configs would time the one-CTA kernel again); tgmm and masked keys screen neither."""
+    (elsewhere the cluster configs would time the one-CTA kernel again); masked keys and tgmm keys with lhs (K, M)
+    screen neither (the transposed tgmm's bands: test_bf16_tgmm_screens_its_ws_kernel_in_the_gmm_backward_layout)."""
     for supported in (False, True):
       with mock.patch.object(tune.gmm_ws_cluster, "supported", return_value=supported):
         for op in ("gmm", "gmm_t", "tgmm", "masked"):
