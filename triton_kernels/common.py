@@ -9,8 +9,11 @@ def tile_coords(local, m_tiles, N_TILES, GROUP_M: tl.constexpr):
   constexpr or, for grouped_matmul's problems of different widths, a runtime value).
 
   Bands of GROUP_M row tiles: inside a band the row tile varies fastest, so programs running at the same
-  time share each rhs column panel and the band's lhs rows.
+  time share each rhs column panel and the band's lhs rows. GROUP_M 1: row-major, the column tile fastest.
+  Gluon kernels call it too (the warp-specialised kernels' orders).
   """
+  if GROUP_M == 1:
+    return local // N_TILES, local % N_TILES
   tiles_per_band = GROUP_M * N_TILES
   band = local // tiles_per_band
   first_m = band * GROUP_M

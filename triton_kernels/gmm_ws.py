@@ -25,6 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from jgmm.triton_kernels.common import tile_coords
+
 # TMA copies: Triton 3.6 names, renamed after it (async_load / async_store; the old names then raise).
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
 _tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
@@ -39,8 +41,8 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1, MASKED_M: gl.constexpr = 0,
             TILE_M: gl.constexpr = BLOCK_M):
   """(group, first row, rows of the group, rows to store, column tile) of tile t: row-major over (row tiles,
-  num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords'
-  order: programs running at once share rhs panels).
+  num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords:
+  programs running at once share rhs panels).
 
   MASKED_M > 0: the masked layout of MASKED_M rows a group (lhs (G * MASKED_M, K)), no schedule: schedule_ptr is
   masked_m (G,) and row tile r = g * cdiv(MASKED_M, TILE_M) + i holds rows [i TILE_M, (i + 1) TILE_M) of group g
@@ -54,15 +56,7 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1,
     rows = gl.minimum(gl.maximum(gl.load(schedule_ptr + g) - first, 0), TILE_M)
     return g, g * MASKED_M + first, rows, gl.minimum(MASKED_M - first, TILE_M), t % num_n
   else:
-    if BAND == 1:
-      r = t // num_n
-      ni = t % num_n
-    else:
-      band = t // (BAND * num_n)
-      within = t - band * (BAND * num_n)
-      band_rows = gl.minimum(gl.load(schedule_ptr) - band * BAND, BAND)
-      r = band * BAND + within % band_rows
-      ni = within // band_rows
+    r, ni = tile_coords(t, gl.load(schedule_ptr), num_n, BAND)
     return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
             gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 

@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from jgmm.triton_kernels.common import tile_coords
 from jgmm.triton_kernels.gmm_ws import HALF, _tma_load, allocate, release, release_stages, store_half
 
 # A barrier of the partition's warps: Triton 3.6's name, renamed after it.
@@ -45,16 +46,7 @@ def group_tile(bounds_ptr, t, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.cons
   num_k: gl.constexpr = (K + BLOCK_M - 1) // BLOCK_M
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   g = t // (num_k * num_n)
-  local = t - g * (num_k * num_n)
-  if BAND == 1:
-    ki = local // num_n
-    ni = local % num_n
-  else:
-    band = local // (BAND * num_n)
-    band_k = gl.minimum(num_k - band * BAND, BAND)
-    within = local - band * (BAND * num_n)
-    ki = band * BAND + within % band_k
-    ni = within // band_k
+  ki, ni = tile_coords(t - g * (num_k * num_n), num_k, num_n, BAND)
   return g, ki, ni, gl.load(bounds_ptr + g), gl.load(bounds_ptr + g + 1)
 
 
