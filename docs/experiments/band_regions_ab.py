@@ -11,12 +11,12 @@ and product (forward "fwd": gmm; d lhs "dlhs": gmm with rhs transposed), each th
   ws8     the warp-specialised kernel, 128 x 256 x 64, 3 stages, bands of 8 (the tree's order)
   gk      gmm_kernel, 128 x 256 x 64, 3 stages, persistent, TMA (the tree's order)
 
-    python docs/experiments/band_regions_ab.py time [CASE,...]
+    python docs/experiments/band_regions_ab.py time [CASE,...]      (BATCH_S=0.5: batches of 0.5 s, not 0.05)
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
         python docs/experiments/band_regions_ab.py ncu [CASE,...]
 """
-import dataclasses
 import functools
+import os
 import sys
 import types
 from unittest import mock
@@ -128,7 +128,7 @@ if __name__ == "__main__":
         print(f"{label}: rel diff vs tree {np.linalg.norm(out - ref) / np.linalg.norm(ref):.1e}; "
               f"{next(r[3] for r in mine if r[0] == label)}", flush=True)
       ms = time_interleaved({label: (functools.partial(f, *args), jax_sync) for label, f, args, _ in mine},
-                            min_batch_s=0.05, batches=9)
+                            min_batch_s=float(os.environ.get("BATCH_S", 0.05)), batches=9)
       sol = speed_of_light_ms(*case[1:])
       rows += [(label, t, 100 * sol / t, ms[mine[0][0]] / t) for label, t in ms.items()]
   print(f"\n{device.kind}\n| case product variant | ms | %SOL | speedup vs tree |\n|---|---|---|---|")
