@@ -19,9 +19,8 @@ import triton
 import triton.language as tl
 from absl.testing import absltest, parameterized
 
-from jgmm import backend_triton, config_table, oracle
+from jgmm import backend_triton, config_table, ffi, oracle
 from jgmm.config import Config
-from jgmm import ffi
 from jgmm.ffi import _compile, _jaxlib
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels import gmm_ws_cluster
