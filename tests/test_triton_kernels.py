@@ -312,11 +312,10 @@ def _tile_coords_kernel(m_tiles, rows_ptr, cols_ptr, N_TILES: tl.constexpr, GROU
 
 def banded_order(m_tiles, n_tiles, band):
   """[(row tile, column tile)] in common.tile_coords' documented order: bands of `band` row tiles (the last one
-  shorter where band does not divide m_tiles), the row tile fastest inside a band; row-major for band 1."""
+  shorter where band does not divide m_tiles), the row tile fastest inside a band (band 1: row-major)."""
   starts = list(range(0, m_tiles, band))
   return [(r, c) for start, end in zip(starts, starts[1:] + [m_tiles])
-          for c in range(n_tiles) for r in range(start, end)] if band > 1 else [
-              (r, c) for r in range(m_tiles) for c in range(n_tiles)]
+          for c in range(n_tiles) for r in range(start, end)]
 
 
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
