@@ -1,7 +1,7 @@
 """Benchmark: jgmm against jax.lax.ragged_dot, a dense jnp.dot of the same FLOPs, torch._grouped_mm and (where
 importable) OpenAI's triton_kernels.
 
-    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--tune] [--fp8]      (or: jgmm-bench ...)
+    python -m jgmm.bench [--out DIR] [--cases NAME,...] [--sustained SECONDS] [--tune] [--fp8]   (or: jgmm-bench ...)
 
 A script, not a test; it needs a GPU. For each MoE case (shapes of real models, bf16, balanced routing):
 forward and forward+backward (the forward and the backward for a given output cotangent dout: jax.vjp, and torch's
@@ -13,6 +13,12 @@ and says where. Timing (jgmm.timing): wall clock around a batch of asynchronous 
 Implementations are timed round-robin, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
+--sustained SECONDS adds a second table: each forward and forward+backward (ragged_dot's aside) run back to back for
+SECONDS after half a second's settling, twice, in reverse order the second time (jgmm.timing.sustained_runs). A GPU
+under its power cap (the H100's and H200's 700 W) lowers its clock within a fraction of a second of full load, and
+by how much depends on the kernel's energy per FLOP, not only its work per clock: interleaved batches of 50 ms see
+a clock that a sustained run does not keep, so the two tables can rank implementations differently (session 41:
+docs/perf-notes.md).
 
 triton_kernels (python/triton_kernels of the Triton repository: a peer to measure, never a dependency of jgmm)
 is timed where it imports, forward only: its ragged matmul_ogs on the case's group sizes, with the ragged
@@ -43,7 +49,7 @@ import triton
 
 import jgmm
 from jgmm import tune
-from jgmm.timing import jax_sync, time_interleaved, time_ms
+from jgmm.timing import jax_sync, sustained_runs, time_interleaved, time_ms
 
 # From ../shared/perf/moe_shapes.py (the GPU machine gets only this repository): (name, M, K, N, G).
 CASES = [
@@ -211,10 +217,12 @@ def _triton_kernels_forward(peer, m, g, torch_inputs):
   return fwd
 
 
-def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None):
+def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None, sustained_s=0.0):
   """Timings of every implementation on one case: forwards interleaved, then forward+backwards. % of speed of light
   against the H200 defaults (fwd_pct_sol) and against `ceilings`, this GPU's (fwd_pct_sol_device). peer: what
-  triton_kernels_peer() returned."""
+  triton_kernels_peer() returned. sustained_s > 0: also each forward and forward+backward (ragged_dot's aside) run
+  back to back for sustained_s seconds, twice (jgmm.timing.sustained_runs; fwd_sustained_ms, fwd_bwd_sustained_ms:
+  the median of the two)."""
   flops = 2 * m * k * n
   inp = Inputs(m, k, n, g)
   impls = {impl: (fwd, fwd_bwd, jax_sync) for impl, (fwd, fwd_bwd) in _jax_impls(inp).items()}
@@ -245,6 +253,13 @@ def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None):
   for impl, ms in fwd_ms.items():
     rows[impl] = {"fwd_ms": ms, "fwd_bwd_ms": fwd_bwd_ms.get(impl), "fwd_tflops": flops / ms / 1e9,
                   "fwd_pct_sol": 100 * floor(impl) / ms, "fwd_pct_sol_device": 100 * floor(impl, ceilings) / ms}
+  if sustained_s > 0:
+    sustained = {f"{impl} fwd": fns for impl, fns in forward.items() if impl != "ragged_dot"}
+    sustained |= {f"{impl} fwd_bwd": (fb, sync) for impl, (_, fb, sync) in impls.items()
+                  if fb is not None and impl in forward}
+    for key, runs in sustained_runs(sustained, sustained_s).items():
+      impl, product = key.rsplit(" ", 1)
+      rows[impl][f"{product}_sustained_ms"] = statistics.median(run.ms for run in runs)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": floor("jgmm"),
           "sol_ms_device": floor("jgmm", ceilings), "impls": rows}
 
@@ -270,11 +285,43 @@ def _print_table(results):
     fb = [r["impls"]["torch_grouped_mm"]["fwd_bwd_ms"] / r["impls"]["jgmm"]["fwd_bwd_ms"] for r in with_torch]
     print(f"\njgmm vs torch._grouped_mm geomean: forward {statistics.geometric_mean(fwd):.3f}x, "
           f"forward+backward {statistics.geometric_mean(fb):.3f}x")
+  _print_sustained(results)
   with_peer = [r for r in results if "triton_kernels" in r["impls"] and "jgmm" in r["impls"]]
   if with_peer:
     fwd = {r["case"]: r["impls"]["triton_kernels"]["fwd_ms"] / r["impls"]["jgmm"]["fwd_ms"] for r in with_peer}
     print("jgmm vs triton_kernels forward: " + ", ".join(f"{case} {x:.2f}x" for case, x in fwd.items()) +
           f"; geomean {statistics.geometric_mean(fwd.values()):.3f}x")
+
+
+def _print_sustained(results):
+  """The sustained runs' table and geomeans (bench_case's sustained_s), where the results hold them."""
+  if not any("fwd_sustained_ms" in row for r in results for row in r["impls"].values()):
+    return
+  print("\nSustained (each run back to back under the power cap, jgmm.timing.sustained_runs; median of two runs):")
+  print("| case | impl | fwd ms | TFLOP/s | % SOL here | fwd+bwd ms | fwd vs torch | fwd+bwd vs torch |")
+  print("|---|---|---|---|---|---|---|---|")
+  ratios = {"fwd": [], "fwd_bwd": []}
+  for r in results:
+    flops, torch_row = 2 * r["m"] * r["k"] * r["n"], r["impls"].get("torch_grouped_mm", {})
+    for impl, row in r["impls"].items():
+      if "fwd_sustained_ms" not in row:
+        continue
+      cells = {}
+      for product in ratios:
+        ms, torch_ms = row.get(f"{product}_sustained_ms"), torch_row.get(f"{product}_sustained_ms")
+        cells[product] = "" if ms is None else f"{ms:.3f}"
+        cells[f"{product} ratio"] = ""
+        if ms and torch_ms and impl != "torch_grouped_mm":
+          cells[f"{product} ratio"] = f"{torch_ms / ms:.2f}x"
+          if impl == "jgmm":
+            ratios[product].append(torch_ms / ms)
+      ms = row["fwd_sustained_ms"]  # % SOL here scales with 1 / ms (dense_dot's floor is its own: g = 1's).
+      print(f"| {r['case']} | {impl} | {cells['fwd']} | {flops / ms / 1e9:.0f} | "
+            f"{row['fwd_pct_sol_device'] * row['fwd_ms'] / ms:.0f}% | {cells['fwd_bwd']} | {cells['fwd ratio']} | "
+            f"{cells['fwd_bwd ratio']} |")
+  if ratios["fwd"]:
+    print(f"\njgmm vs torch._grouped_mm sustained geomean: forward {statistics.geometric_mean(ratios['fwd']):.3f}x" +
+          (f", forward+backward {statistics.geometric_mean(ratios['fwd_bwd']):.3f}x" if ratios["fwd_bwd"] else ""))
 
 
 def _plot(results, path):
@@ -322,6 +369,8 @@ def main(argv=None):
   parser.add_argument("--tune-ops", default="gmm,gmm_t,tgmm", help="kernels to tune: gmm, gmm_t, tgmm (not --fp8)")
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
+  parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                      help="also run each forward and forward+backward back to back for SECONDS, twice (not --fp8)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   if args.fp8:
@@ -351,7 +400,7 @@ def main(argv=None):
   results = []
   for name, m, k, n, g in cases:
     print(f"benchmarking {name}", flush=True)
-    results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings, peer))
+    results.append(bench_case(name, m, k, n, g, args.ragged_cap, ceilings, peer, args.sustained))
   _print_table(results)
   json_path = os.path.join(args.out, "bench.json")
   with open(json_path, "w") as f:

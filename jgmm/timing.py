@@ -4,7 +4,9 @@ Timing: wall clock around a batch of asynchronous calls ended by one synchronisa
 batches, after warm-up (a wait per call would time the host's dispatch and synchronisation instead). A call whose
 GPU work is shorter than the host's dispatch of it (tens of us) times the host: chain() runs it several times in
 one program. kernel_ms times instead a call's named GPU kernels by the profiler's record (traced_kernels), as
-DeepGEMM times its published figures.
+DeepGEMM times its published figures. sustained_runs times each call back to back for seconds, the rate a GPU
+holds under its power cap once its clock has settled (interleaved batches of 50 ms see clocks a sustained run does
+not keep: docs/perf-notes.md, session 41).
 """
 import functools
 import glob
@@ -13,6 +15,7 @@ import re
 import statistics
 import tempfile
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -128,3 +131,39 @@ def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
       sync(fn())
       samples[name].append(1e3 * (time.perf_counter() - start) / reps[name])
   return result | samples
+
+
+class Run(NamedTuple):
+  """One sustained run: calls completed between start and end (time.time() seconds)."""
+  start: float
+  end: float
+  calls: int
+
+  @property
+  def ms(self):
+    """ms per call."""
+    return 1e3 * (self.end - self.start) / self.calls
+
+
+def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_sync=10):
+  """{name: [Run of each round]} of fns {name: (fn, sync)}, each compiled already: per round, each fn called back to
+  back (a sync every calls_per_sync calls) for settle_s, then timed for `seconds` more (the clock of a GPU under
+  its power cap settles within half a second), the GPU left idle for rest_s between runs so that each starts from
+  the same clock; every other round in reverse order, so that no fn always follows the same one."""
+  names = list(fns)
+  runs = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[::-1] if r % 2 else names:
+      fn, sync = fns[name]
+      settle_end = time.time() + settle_s
+      while time.time() < settle_end:
+        sync(fn())
+      start, calls = time.time(), 0
+      while time.time() - start < seconds:
+        for _ in range(calls_per_sync - 1):
+          fn()
+        sync(fn())
+        calls += calls_per_sync
+      runs[name].append(Run(start, time.time(), calls))
+      time.sleep(rest_s)
+  return runs

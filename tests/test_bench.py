@@ -5,7 +5,8 @@ jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes th
 FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
 beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
-kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables."""
+kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables; jgmm.timing.sustained_runs and the bench's sustained table
+(CPU)."""
 import functools
 import io
 import json
@@ -104,6 +105,54 @@ class ChainTest(absltest.TestCase):
     self.assertEqual(timing.chain_runs(0.1), 5)
     self.assertEqual(timing.chain_runs(0.001), 32)  # at most 32
     self.assertEqual(timing.chain_runs(0.0), 32)
+
+
+class SustainedTest(absltest.TestCase):
+
+  def test_each_fn_runs_back_to_back_every_other_round_reversed(self):
+    """Every call of a run falls inside it or its settling before it; the runs do not overlap; the second round runs
+    the fns in reverse order; each Run's calls are the calls made between its start and end."""
+    calls = []  # (name, time.time()) of every call
+    fns = {name: (functools.partial(lambda name: calls.append((name, time.time())), name), lambda _: None)
+           for name in ("a", "b", "c")}
+    runs = timing.sustained_runs(fns, 0.03, rounds=2, settle_s=0.01, rest_s=0.0, calls_per_sync=5)
+    self.assertEqual({name: len(r) for name, r in runs.items()}, {"a": 2, "b": 2, "c": 2})
+    order = sorted((run.start, name) for name, rs in runs.items() for run in rs)
+    self.assertEqual([name for _, name in order], ["a", "b", "c", "c", "b", "a"])
+    spans = sorted((run.start, run.end, name, run.calls) for name, rs in runs.items() for run in rs)
+    for (start, end, name, count), following in zip(spans, spans[1:] + [(np.inf,)]):
+      self.assertGreaterEqual(end - start, 0.03)
+      self.assertLessEqual(end, following[0])
+      timed = [t for n, t in calls if n == name and start <= t <= end]
+      self.assertEqual(len(timed), count)
+      self.assertEqual(count % 5, 0)
+      self.assertTrue(any(n == name and start - 0.01 - 1e-3 <= t < start for n, t in calls))  # settled first
+    self.assertAlmostEqual(runs["a"][0].ms, 1e3 * (runs["a"][0].end - runs["a"][0].start) / runs["a"][0].calls)
+
+  def test_bench_case_reports_sustained_forward_and_backward_and_prints_them(self):
+    """bench_case(sustained_s > 0) on a tiny CPU case: each implementation's sustained forward and forward+backward
+    but ragged_dot's; _print_sustained's table and geomean over the torch rows (torch is absent on the CPU: added to
+    the results here), and nothing printed without sustained runs."""
+    fast = functools.partial(timing.sustained_runs, settle_s=0.0, rest_s=0.0)
+    with mock.patch.object(bench, "sustained_runs", fast):
+      result = bench.bench_case("tiny", 64, 32, 48, 3, 0.01, bench.H200_CEILINGS, sustained_s=0.02)
+    rows = result["impls"]
+    for impl in ("jgmm", "dense_dot"):
+      self.assertGreater(rows[impl]["fwd_sustained_ms"], 0, impl)
+      self.assertGreater(rows[impl]["fwd_bwd_sustained_ms"], 0, impl)
+    self.assertNotIn("fwd_sustained_ms", rows["ragged_dot"])
+    rows["torch_grouped_mm"] = dict(rows["jgmm"], fwd_sustained_ms=3 * rows["jgmm"]["fwd_sustained_ms"],
+                                    fwd_bwd_sustained_ms=2 * rows["jgmm"]["fwd_bwd_sustained_ms"])
+    out = io.StringIO()
+    with mock.patch("sys.stdout", out):
+      bench._print_sustained([result])
+    text = out.getvalue()
+    self.assertRegex(text, r"\| tiny \| jgmm \| [0-9.]+ \| [0-9]+ \| [0-9]+% \| [0-9.]+ \| 3\.00x \| 2\.00x \|")
+    self.assertIn("sustained geomean: forward 3.000x, forward+backward 2.000x", text)
+    out = io.StringIO()
+    with mock.patch("sys.stdout", out):
+      bench._print_sustained([bench.bench_case("tiny", 64, 32, 48, 3, 0.01, bench.H200_CEILINGS)])
+    self.assertEqual(out.getvalue(), "")
 
 
 _HAS_GPU = any(d.platform == "gpu" for d in jax.devices())

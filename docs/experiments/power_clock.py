@@ -1,16 +1,23 @@
 """Is a kernel bound by the GPU's power cap? Runs each forward of jgmm.bench's cases (jgmm, torch._grouped_mm and the
 dense product of the same FLOPs) back to back for a few seconds while nvidia-smi samples the SM clock and the power
 draw every 20 ms; prints per implementation its TFLOP/s over that run and the median clock and power of the samples
-taken during it (the first half second left out: the clock settles), and from those the share of the tensor cores'
-peak per clock (4096 bf16 FLOP per clock per SM) and the FLOPs per joule: under the power cap the second sets the
-sustained rate. Issue 17, session 26; CONFIGS (session 40): jgmm's forward also through each named config of
-CONFIG_CHOICES ("table" is the jgmm row).
+taken during it (jgmm.timing.sustained_runs: timed after half a second, once the clock has settled), and from those
+the share of the tensor cores' peak per clock (4096 bf16 FLOP per clock per SM) and the FLOPs per joule: under the
+power cap the second sets the sustained rate. Issue 17, session 26; CONFIGS (session 40): jgmm's forward also through
+each named config of CONFIG_CHOICES ("table" is the jgmm row). ROUNDS (session 41): each case's runs ROUNDS times, every
+other round in reverse order (a run's rank must not be its place in the sequence); per implementation the median TFLOP/s
+of its rounds, their range, and the clock and power of all its samples.
 
-    python docs/experiments/power_clock.py [CASE,...] [SECONDS] [CONFIG,...]
+PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
+and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
+
+    [PRODUCT=dlhs] python docs/experiments/power_clock.py [CASE,...] [SECONDS] [CONFIG,...] [ROUNDS]
 """
 import functools
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -28,12 +35,15 @@ CONFIG_CHOICES = {  # The tables' bf16 forward kernels on the compute-bound case
     "gk": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     "gk64": Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
 }
-CONFIGS = sys.argv[3].split(",") if len(sys.argv) > 3 else []
+CONFIGS = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else []
+ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+DLHS = os.environ.get("PRODUCT", "forward") == "dlhs"
 
 
-def sampler():
+def sampler(log):
+  """nvidia-smi sampling into the file log (a pipe would fill after ~40 s of samples and stall it)."""
   return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                           "-lms", "20"], stdout=subprocess.PIPE, text=True)
+                           "-lms", "20"], stdout=log, text=True)
 
 
 def samples_between(lines, t0, t1):
@@ -48,44 +58,48 @@ def samples_between(lines, t0, t1):
 
 
 if __name__ == "__main__":
-  runs = []
+  cases = []
   for name, m, k, n, g in bench.CASES:
     if name not in NAMES:
       continue
     inp = bench.Inputs(m, k, n, g)
-    impls = {name_: fns[0] for name_, fns in bench._jax_impls(inp).items() if name_ != "ragged_dot"}
+    if DLHS:
+      dense = jax.jit(lambda dout, w: dout @ w.T)
+      impls = {"jgmm": functools.partial(jax.jit(functools.partial(jgmm.gmm, transpose_rhs=True)), inp.dout, inp.w,
+                                         inp.group_sizes),
+               "dense_dot": functools.partial(dense, inp.dout, inp.w[0])}
+    else:
+      impls = {name_: fns[0] for name_, fns in bench._jax_impls(inp).items() if name_ != "ragged_dot"}
     for config in CONFIGS:
-      f = jax.jit(functools.partial(jgmm.gmm, config=CONFIG_CHOICES[config]))
-      impls[f"jgmm {config}"] = functools.partial(f, inp.x, inp.w, inp.group_sizes)
-    torch_impls = bench._torch_impls(inp, m, k, n, g)
+      f = jax.jit(functools.partial(jgmm.gmm, transpose_rhs=DLHS, config=CONFIG_CHOICES[config]))
+      impls[f"jgmm {config}"] = functools.partial(f, inp.dout if DLHS else inp.x, inp.w, inp.group_sizes)
+    torch_impls = None if DLHS else bench._torch_impls(inp, m, k, n, g)
     if torch_impls is not None:
       impls["torch_grouped_mm"] = torch_impls[0][0]
+    fns = {}
     for impl, f in impls.items():
-      sync = bench._torch_sync if impl.startswith("torch") else timing.jax_sync
-      sync(f())
-      runs.append((name, impl, f, sync, 2 * m * k * n))
-  proc = sampler()
+      fns[impl] = (f, bench._torch_sync if impl.startswith("torch") else timing.jax_sync)
+      fns[impl][1](f())
+    cases.append((name, 2 * m * k * n, fns))
+  log = tempfile.TemporaryFile("w+")
+  proc = sampler(log)
   time.sleep(1.0)
-  spans = []
-  for name, impl, f, sync, flops in runs:
-    t0 = time.time()
-    calls = 0
-    while time.time() - t0 < SECONDS:
-      for _ in range(10):
-        out = f()
-      sync(out)
-      calls += 10
-    t1 = time.time()
-    spans.append((name, impl, t0 + 0.5, t1, calls * flops / (t1 - t0) / 1e12))
-    time.sleep(1.0)  # Idle between runs: each starts from the same clock.
+  spans = {}  # (case, impl, FLOPs): [timing.Run of each round]
+  for name, flops, fns in cases:
+    for impl, runs in timing.sustained_runs(fns, SECONDS, ROUNDS).items():
+      spans[name, impl, flops] = runs
   proc.terminate()
-  lines = [line for line in proc.communicate()[0].splitlines() if line.count(",") == 2]
+  proc.wait()
+  log.seek(0)
+  lines = [line for line in log.read().splitlines() if line.count(",") == 2]
   sms = backend_triton._device().num_sms
-  print("| case | impl | TFLOP/s | SM clock MHz (median) | power W (median) | % of peak per clock | GFLOP/J "
-        "| samples |\n|---|---|---|---|---|---|---|---|")
-  for name, impl, t0, t1, tflops in spans:
-    s = samples_between(lines, t0, t1)
+  print("| case | impl | TFLOP/s (median) | range | SM clock MHz (median) | power W (median) | % of peak per clock "
+        "| GFLOP/J | samples |\n|---|---|---|---|---|---|---|---|---|")
+  for (name, impl, flops), runs in spans.items():
+    s = np.concatenate([samples_between(lines, run.start, run.end) for run in runs])
+    rates = [flops / run.ms / 1e9 for run in runs]
+    tflops = np.median(rates)
     clock, power = (np.median(s[:, 0]), np.median(s[:, 1])) if len(s) else (float("nan"), float("nan"))
     per_clock = 100 * tflops * 1e12 / (sms * 4096 * clock * 1e6)
-    print(f"| {name} | {impl} | {tflops:.0f} | {clock:.0f} | {power:.0f} | {per_clock:.0f}% | "
-          f"{tflops * 1e3 / power:.0f} | {len(s)} |")
+    print(f"| {name} | {impl} | {tflops:.0f} | {min(rates):.0f}-{max(rates):.0f} | {clock:.0f} | {power:.0f} | "
+          f"{per_clock:.0f}% | {tflops * 1e3 / power:.0f} | {len(s)} |")
