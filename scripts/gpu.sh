@@ -3,7 +3,7 @@
 # the bridge's overhead benchmark, the grouped-GEMM benchmark and the heterogeneous one (about 8 minutes on an H100).
 #   bash scripts/gpu.sh            (writes logs and JSON under $OUT when set)
 #   STEPS=tests bash scripts/gpu.sh / STEPS=bench bash scripts/gpu.sh: one half, where one call's time limit
-#   cannot hold both.
+#   cannot hold both. SUSTAINED=SECONDS: the grouped-GEMM benchmark's --sustained table too (~2.5 minutes more at 1).
 set -uo pipefail
 out=${OUT:-/tmp/jgmm-out}
 steps=${STEPS:-tests bench}
@@ -20,6 +20,7 @@ fi
 if [[ $steps == *bench* ]]; then
   python -m jgmm 2>&1 | tee "$out/demo.log"
   python -m jgmm.bench_ffi 2>&1 | tee "$out/bench_ffi.log"
-  python -m jgmm.bench --ragged-cap "${RAGGED_CAP:-0.1}" --out "$out" 2>&1 | tee "$out/bench.log"
+  python -m jgmm.bench --ragged-cap "${RAGGED_CAP:-0.1}" --sustained "${SUSTAINED:-0}" --out "$out" 2>&1 \
+    | tee "$out/bench.log"
   python -m jgmm.bench_hetero 2>&1 | tee "$out/bench_hetero.log"
 fi
