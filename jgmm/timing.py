@@ -21,6 +21,15 @@ import jax
 import jax.numpy as jnp
 
 
+_WALL_OFFSET = time.time() - time.perf_counter()
+
+
+def _now():
+  """Seconds on the wall clock (time.time()'s, so that other records such as nvidia-smi's samples can be matched
+  against them) that advance with the monotonic time.perf_counter()."""
+  return time.perf_counter() + _WALL_OFFSET
+
+
 def jax_sync(x):
   jax.block_until_ready(x)
 
@@ -98,43 +107,9 @@ def time_ms(fn, sync, min_batch_s=0.05, batches=7):
   return time_interleaved({"fn": (fn, sync)}, min_batch_s, batches)["fn"]
 
 
-def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
-  """{name: median ms per call} of fns {name: (fn, sync)} (interleaved_samples)."""
-  return {name: statistics.median(ms) for name, ms in interleaved_samples(fns, min_batch_s, batches, cap_s).items()}
-
-
-def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
-  """{name: [ms per call of each batch]} of fns {name: (fn, sync)}: sample i of every fn from round i.
-
-  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
-  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
-  slows down within a second), and the samples of one round can be compared pairwise. A fn whose single warm
-  call takes longer than cap_s is timed by that call (one sample).
-  """
-  reps, result = {}, {}
-  for name, (fn, sync) in fns.items():
-    sync(fn())
-    start = time.perf_counter()
-    sync(fn())
-    per_call = max(time.perf_counter() - start, 1e-6)
-    if cap_s is not None and per_call > cap_s:
-      result[name] = [1e3 * per_call]
-    else:
-      reps[name] = max(1, int(min_batch_s / per_call))
-  samples = {name: [] for name in reps}
-  for _ in range(batches):
-    for name in reps:
-      fn, sync = fns[name]
-      start = time.perf_counter()
-      for _ in range(reps[name] - 1):
-        fn()
-      sync(fn())
-      samples[name].append(1e3 * (time.perf_counter() - start) / reps[name])
-  return result | samples
-
-
 class Run(NamedTuple):
-  """One sustained run: calls completed between start and end (time.time() seconds)."""
+  """One timed run (a batch of interleaved_runs, a run of sustained_runs): calls completed between start and end
+  (_now() seconds)."""
   start: float
   end: float
   calls: int
@@ -143,6 +118,48 @@ class Run(NamedTuple):
   def ms(self):
     """ms per call."""
     return 1e3 * (self.end - self.start) / self.calls
+
+
+def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
+  """{name: median ms per call} of fns {name: (fn, sync)} (interleaved_samples)."""
+  return {name: statistics.median(ms) for name, ms in interleaved_samples(fns, min_batch_s, batches, cap_s).items()}
+
+
+def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
+  """{name: [ms per call of each batch]} of fns {name: (fn, sync)}: sample i of every fn from round i
+  (interleaved_runs)."""
+  return {name: [run.ms for run in runs] for name, runs in interleaved_runs(fns, min_batch_s, batches, cap_s).items()}
+
+
+def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
+  """{name: [Run of each batch]} of fns {name: (fn, sync)}: run i of every fn from round i.
+
+  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
+  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
+  slows down within a second), and the samples of one round can be compared pairwise. A fn whose single warm
+  call takes longer than cap_s is timed by that call (one run). Times are _now()'s.
+  """
+  reps, result = {}, {}
+  for name, (fn, sync) in fns.items():
+    sync(fn())
+    start = _now()
+    sync(fn())
+    end = _now()
+    if cap_s is not None and end - start > cap_s:
+      result[name] = [Run(start, end, 1)]
+    else:
+      reps[name] = max(1, int(min_batch_s / max(end - start, 1e-6)))
+  runs = {name: [] for name in reps}
+  for _ in range(batches):
+    for name in reps:
+      fn, sync = fns[name]
+      start = _now()
+      for _ in range(reps[name] - 1):
+        fn()
+      sync(fn())
+      runs[name].append(Run(start, _now(), reps[name]))
+  return result | runs
+
 
 
 def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_sync=10):
@@ -155,15 +172,15 @@ def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_s
   for r in range(rounds):
     for name in names[::-1] if r % 2 else names:
       fn, sync = fns[name]
-      settle_end = time.time() + settle_s
-      while time.time() < settle_end:
+      settle_end = _now() + settle_s
+      while _now() < settle_end:
         sync(fn())
-      start, calls = time.time(), 0
-      while time.time() - start < seconds:
+      start, calls = _now(), 0
+      while _now() - start < seconds:
         for _ in range(calls_per_sync - 1):
           fn()
         sync(fn())
         calls += calls_per_sync
-      runs[name].append(Run(start, time.time(), calls))
+      runs[name].append(Run(start, _now(), calls))
       time.sleep(rest_s)
   return runs

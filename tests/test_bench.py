@@ -5,8 +5,8 @@ jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes th
 FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
 beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
-kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables; jgmm.timing.sustained_runs and the bench's sustained table
-(CPU)."""
+kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables; jgmm.timing's interleaved and sustained runs and the bench's
+sustained table (CPU)."""
 import functools
 import io
 import json
@@ -107,13 +107,13 @@ class ChainTest(absltest.TestCase):
     self.assertEqual(timing.chain_runs(0.0), 32)
 
 
-class SustainedTest(absltest.TestCase):
+class TimedRunsTest(absltest.TestCase):
 
   def test_each_fn_runs_back_to_back_every_other_round_reversed(self):
     """Every call of a run falls inside it or its settling before it; the runs do not overlap; the second round runs
     the fns in reverse order; each Run's calls are the calls made between its start and end."""
-    calls = []  # (name, time.time()) of every call
-    fns = {name: (functools.partial(lambda name: calls.append((name, time.time())), name), lambda _: None)
+    calls = []  # (name, timing._now()) of every call
+    fns = {name: (functools.partial(lambda name: calls.append((name, timing._now())), name), lambda _: None)
            for name in ("a", "b", "c")}
     runs = timing.sustained_runs(fns, 0.03, rounds=2, settle_s=0.01, rest_s=0.0, calls_per_sync=5)
     self.assertEqual({name: len(r) for name, r in runs.items()}, {"a": 2, "b": 2, "c": 2})
@@ -128,6 +128,33 @@ class SustainedTest(absltest.TestCase):
       self.assertEqual(count % 5, 0)
       self.assertTrue(any(n == name and start - 0.01 - 1e-3 <= t < start for n, t in calls))  # settled first
     self.assertAlmostEqual(runs["a"][0].ms, 1e3 * (runs["a"][0].end - runs["a"][0].start) / runs["a"][0].calls)
+
+  def test_interleaved_batches_run_round_robin_and_a_slow_fn_once(self):
+    """interleaved_runs: after one warm call each and one timing call, every round one batch of each fn in the
+    dict's order, each Run spanning its batch's calls; a fn whose timing call took longer than cap_s: that call
+    alone, no batch; interleaved_samples: the runs' ms."""
+    calls = []
+
+    def fn(name, seconds):
+      calls.append((name, timing._now()))
+      time.sleep(seconds)
+
+    fns = {"a": (functools.partial(fn, "a", 0.001), lambda _: None), "slow": (functools.partial(fn, "slow", 0.03),
+                                                                             lambda _: None),
+           "b": (functools.partial(fn, "b", 0.002), lambda _: None)}
+    runs = timing.interleaved_runs(fns, min_batch_s=0.01, batches=3, cap_s=0.02)
+    self.assertLen(runs["slow"], 1)
+    self.assertEqual(runs["slow"][0].calls, 1)
+    self.assertEqual([n for n, _ in calls].count("slow"), 2)  # the warm call and the timing call
+    batches = sorted((run.start, name, run) for name in ("a", "b") for run in runs[name])
+    self.assertEqual([name for _, name, _ in batches], ["a", "b"] * 3)
+    for _, name, run in batches:
+      inside = [t for n, t in calls if n == name and run.start <= t <= run.end]
+      self.assertLen(inside, run.calls)
+      self.assertGreater(run.calls, 1)
+    self.assertEqual(runs["a"][0].calls, runs["a"][2].calls)
+    with mock.patch.object(timing, "interleaved_runs", return_value=runs):
+      self.assertEqual(timing.interleaved_samples(fns), {name: [r.ms for r in rs] for name, rs in runs.items()})
 
   def test_bench_case_reports_sustained_forward_and_backward_and_prints_them(self):
     """bench_case(sustained_s > 0) on a tiny CPU case: each implementation's sustained forward and forward+backward

@@ -8,10 +8,14 @@ each named config of CONFIG_CHOICES ("table" is the jgmm row). ROUNDS (session 4
 other round in reverse order (a run's rank must not be its place in the sequence); per implementation the median TFLOP/s
 of its rounds, their range, and the clock and power of all its samples.
 
+INTERLEAVE=BATCH_SECONDS: instead of sustained runs, ROUNDS rounds of one batch of about BATCH_SECONDS of each
+implementation in turn (jgmm.timing.interleaved_runs, the benchmark's timing at 0.05; SECONDS unused): the clock and
+power each implementation's batches see there, against the sustained runs'.
 PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
 and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
 
-    [PRODUCT=dlhs] python docs/experiments/power_clock.py [CASE,...] [SECONDS] [CONFIG,...] [ROUNDS]
+    [PRODUCT=dlhs] [INTERLEAVE=BATCH_SECONDS] python docs/experiments/power_clock.py [CASE,...] [SECONDS] [CONFIG,...]
+      [ROUNDS]
 """
 import functools
 import os
@@ -38,6 +42,7 @@ CONFIG_CHOICES = {  # The tables' bf16 forward kernels on the compute-bound case
 CONFIGS = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else []
 ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 DLHS = os.environ.get("PRODUCT", "forward") == "dlhs"
+INTERLEAVE = float(os.environ.get("INTERLEAVE", "0"))
 
 
 def sampler(log):
@@ -86,7 +91,9 @@ if __name__ == "__main__":
   time.sleep(1.0)
   spans = {}  # (case, impl, FLOPs): [timing.Run of each round]
   for name, flops, fns in cases:
-    for impl, runs in timing.sustained_runs(fns, SECONDS, ROUNDS).items():
+    timed = (timing.interleaved_runs(fns, INTERLEAVE, ROUNDS) if INTERLEAVE else
+             timing.sustained_runs(fns, SECONDS, ROUNDS))
+    for impl, runs in timed.items():
       spans[name, impl, flops] = runs
   proc.terminate()
   proc.wait()
