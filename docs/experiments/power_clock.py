@@ -10,12 +10,13 @@ of its rounds, their range, and the clock and power of all its samples.
 
 INTERLEAVE=BATCH_SECONDS: instead of sustained runs, ROUNDS rounds of one batch of about BATCH_SECONDS of each
 implementation in turn (jgmm.timing.interleaved_runs, the benchmark's timing at 0.05; SECONDS unused): the clock and
-power each implementation's batches see there, against the sustained runs'.
+power each implementation's batches see there, against the sustained runs'. ORDER=reverse: the implementations in the
+opposite order (does a batch's clock depend on the one before it?).
 PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
 and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
 
-    [PRODUCT=dlhs] [INTERLEAVE=BATCH_SECONDS] python docs/experiments/power_clock.py [CASE,...] [SECONDS] [CONFIG,...]
-      [ROUNDS]
+    [PRODUCT=dlhs] [INTERLEAVE=BATCH_SECONDS] [ORDER=reverse] python docs/experiments/power_clock.py [CASE,...]
+      [SECONDS] [CONFIG,...] [ROUNDS]
 """
 import functools
 import os
@@ -82,7 +83,7 @@ if __name__ == "__main__":
     if torch_impls is not None:
       impls["torch_grouped_mm"] = torch_impls[0][0]
     fns = {}
-    for impl, f in impls.items():
+    for impl, f in list(impls.items())[::-1 if os.environ.get("ORDER") == "reverse" else 1]:
       fns[impl] = (f, bench._torch_sync if impl.startswith("torch") else timing.jax_sync)
       fns[impl][1](f())
     cases.append((name, 2 * m * k * n, fns))
