@@ -254,11 +254,10 @@ def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None, sustained_s=
     rows[impl] = {"fwd_ms": ms, "fwd_bwd_ms": fwd_bwd_ms.get(impl), "fwd_tflops": flops / ms / 1e9,
                   "fwd_pct_sol": 100 * floor(impl) / ms, "fwd_pct_sol_device": 100 * floor(impl, ceilings) / ms}
   if sustained_s > 0:
-    sustained = {f"{impl} fwd": fns for impl, fns in forward.items() if impl != "ragged_dot"}
-    sustained |= {f"{impl} fwd_bwd": (fb, sync) for impl, (_, fb, sync) in impls.items()
+    sustained = {(impl, "fwd"): fns for impl, fns in forward.items() if impl != "ragged_dot"}
+    sustained |= {(impl, "fwd_bwd"): (fb, sync) for impl, (_, fb, sync) in impls.items()
                   if fb is not None and impl in forward}
-    for key, runs in sustained_runs(sustained, sustained_s).items():
-      impl, product = key.rsplit(" ", 1)
+    for (impl, product), runs in sustained_runs(sustained, sustained_s).items():
       rows[impl][f"{product}_sustained_ms"] = statistics.median(run.ms for run in runs)
   return {"case": name, "m": m, "k": k, "n": n, "g": g, "sol_ms": floor("jgmm"),
           "sol_ms_device": floor("jgmm", ceilings), "impls": rows}

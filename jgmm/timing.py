@@ -161,7 +161,6 @@ def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
   return result | runs
 
 
-
 def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_sync=10):
   """{name: [Run of each round]} of fns {name: (fn, sync)}, each compiled already: per round, each fn called back to
   back (a sync every calls_per_sync calls) for settle_s, then timed for `seconds` more (the clock of a GPU under
