@@ -5,8 +5,8 @@ jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes th
 FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
 beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
-kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables; jgmm.timing's interleaved and sustained runs and the bench's
-sustained table (CPU)."""
+kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables;
+jgmm.timing's interleaved and sustained runs and the bench's sustained table (CPU)."""
 import functools
 import io
 import json
@@ -120,13 +120,16 @@ class TimedRunsTest(absltest.TestCase):
     order = sorted((run.start, name) for name, rs in runs.items() for run in rs)
     self.assertEqual([name for _, name in order], ["a", "b", "c", "c", "b", "a"])
     spans = sorted((run.start, run.end, name, run.calls) for name, rs in runs.items() for run in rs)
+    previous_end = -np.inf
     for (start, end, name, count), following in zip(spans, spans[1:] + [(np.inf,)]):
       self.assertGreaterEqual(end - start, 0.03)
       self.assertLessEqual(end, following[0])
       timed = [t for n, t in calls if n == name and start <= t <= end]
       self.assertEqual(len(timed), count)
       self.assertEqual(count % 5, 0)
-      self.assertTrue(any(n == name and start - 0.01 - 1e-3 <= t < start for n, t in calls))  # settled first
+      self.assertTrue(any(n == name and previous_end < t < start for n, t in calls))  # settled first
+      self.assertFalse(any(n != name and previous_end < t < end for n, t in calls))  # nothing else meanwhile
+      previous_end = end
     self.assertAlmostEqual(runs["a"][0].ms, 1e3 * (runs["a"][0].end - runs["a"][0].start) / runs["a"][0].calls)
 
   def test_interleaved_batches_run_round_robin_and_a_slow_fn_once(self):
@@ -139,10 +142,9 @@ class TimedRunsTest(absltest.TestCase):
       calls.append((name, timing._now()))
       time.sleep(seconds)
 
-    fns = {"a": (functools.partial(fn, "a", 0.001), lambda _: None), "slow": (functools.partial(fn, "slow", 0.03),
-                                                                             lambda _: None),
-           "b": (functools.partial(fn, "b", 0.002), lambda _: None)}
-    runs = timing.interleaved_runs(fns, min_batch_s=0.01, batches=3, cap_s=0.02)
+    fns = {name: (functools.partial(fn, name, seconds), lambda _: None)
+           for name, seconds in (("a", 0.001), ("slow", 0.2), ("b", 0.002))}
+    runs = timing.interleaved_runs(fns, min_batch_s=0.05, batches=3, cap_s=0.1)
     self.assertLen(runs["slow"], 1)
     self.assertEqual(runs["slow"][0].calls, 1)
     self.assertEqual([n for n, _ in calls].count("slow"), 2)  # the warm call and the timing call
