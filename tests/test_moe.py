@@ -42,6 +42,14 @@ def _normal(rng, *shape, dtype=jnp.float32):
   return jnp.asarray(rng.standard_normal(shape), dtype)
 
 
+def _logits(rng, num_tokens, num_experts):
+  """(T, E) float32 router logits, about standard normal, each row's values at least 1e-3 apart: no two experts tie
+  in float32 scores where the float64 oracle ranks them (two normals within ~1e-7 of each other did: a flaky
+  top-k)."""
+  rows = np.sort(rng.standard_normal((num_tokens, num_experts)), axis=-1) + 1e-3 * np.arange(num_experts)
+  return jnp.asarray(rng.permuted(rows, axis=-1), jnp.float32)
+
+
 def _expert_ids(rng, num_tokens, num_experts, top_k):
   """(T, k) distinct expert ids per token, skewed towards a few experts (so capacity drops some)."""
   p = rng.dirichlet(np.full(num_experts, 0.5))
@@ -125,7 +133,7 @@ class MoeTest(MoeTestBase):
   @parameterized.product(score=("softmax", "sigmoid"), renormalize=(True, False), biased=(False, True),
                          top_k=(1, 3))
   def test_route(self, score, renormalize, biased, top_k):
-    logits = _normal(self.rng, T, E)
+    logits = _logits(self.rng, T, E)
     bias = _normal(self.rng, E) if biased else None
     weights, ids = jax.jit(lambda l, b: moe.route(l, top_k, score=score, renormalize=renormalize, bias=b))(
         logits, bias)
@@ -135,7 +143,7 @@ class MoeTest(MoeTestBase):
     self.assert_close(weights, expected_weights, "weights")
 
   def test_route_gradient_skips_the_bias(self):
-    logits, bias = _normal(self.rng, T, E), _normal(self.rng, E)
+    logits, bias = _logits(self.rng, T, E), _normal(self.rng, E)
     loss = lambda l, b: jnp.sum(moe.route(l, TOP_K, score="sigmoid", bias=b)[0] * jnp.arange(TOP_K))
     dlogits, dbias = jax.grad(loss, argnums=(0, 1))(logits, bias)
     self.assertGreater(float(jnp.abs(dlogits).sum()), 0.0)
@@ -205,7 +213,7 @@ class MoeTest(MoeTestBase):
   )
   def test_moe_mlp(self, activation, score, biased, extra, layout):
     gated = activation == "swiglu"
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     if extra == "capacity":  # Skewed: expert 0 in every token's top 2, so 29 rows for a capacity of 8.
       logits = logits.at[:, 0].add(10.0)
     w_gate_up, w_down = self.weights(gated=gated)
@@ -225,7 +233,7 @@ class MoeTest(MoeTestBase):
       self.assertGreater(int(dropped.sum()), 0, "expert 0 should overflow capacity 1.0")
 
   def test_moe_mlp_ragged_dot_impl(self):
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     w_gate_up, w_down = self.weights()
     out = moe.moe_mlp(x, logits, w_gate_up, w_down, TOP_K, impl="ragged_dot")
     self.assert_close(out, moe_oracle(x, logits, w_gate_up, w_down, TOP_K), "ragged_dot impl")
@@ -233,7 +241,7 @@ class MoeTest(MoeTestBase):
   def test_moe_mlp_fp8_impl(self):
     # FP8 (e4m3: 3 mantissa bits, unit roundoff 2^-4) operands in both products: the result and every gradient
     # follow the exact ones to FP8 rounding (measured 5-9% on three seeds), far from the O(1) error of a wrong product.
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     w_gate_up, w_down = self.weights()
     proj = _normal(self.rng, H)
     fp8_mlp = lambda *a: moe.moe_mlp(*a, TOP_K, impl="fp8")
@@ -251,7 +259,7 @@ class MoeTest(MoeTestBase):
     """impl="fp8" with fp8_weights made once outside the gradient, of other weights: the output and every gradient
     bit for bit those of impl="fp8" on those weights (the products read the copies; the weights' gradients reach
     the weights passed)."""
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     w_gate_up, w_down = self.weights()
     other = self.weights()
     proj = _normal(self.rng, H)
@@ -282,7 +290,7 @@ class MoeTest(MoeTestBase):
 
   @parameterized.parameters("contiguous", "masked")
   def test_moe_mlp_gradients(self, layout):
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     w_gate_up, w_down = self.weights()
     proj = _normal(self.rng, H)
     loss = lambda fn: lambda *a: jnp.sum(jnp.tanh(fn(*a)) * proj)
@@ -294,7 +302,7 @@ class MoeTest(MoeTestBase):
       self.assert_close(g, r, f"d{name}", GRAD_TOL)
 
   def test_load_balancing_loss(self):
-    logits = _normal(self.rng, T, E)
+    logits = _logits(self.rng, T, E)
     ids = _expert_ids(self.rng, T, E, TOP_K)
     probs = np.exp(oracle.f64(logits))
     probs /= probs.sum(-1, keepdims=True)
@@ -323,7 +331,7 @@ class ReadmeMoeTourTest(MoeTestBase):
 class MoeValidationTest(MoeTestBase):
 
   def test_bad_inputs(self):
-    x, logits = _normal(self.rng, T, H), _normal(self.rng, T, E)
+    x, logits = _normal(self.rng, T, H), _logits(self.rng, T, E)
     w_gate_up, w_down = self.weights()
     ids = _expert_ids(self.rng, T, E, TOP_K)
     cases = [
@@ -425,7 +433,7 @@ class ExpertParallelTest(MoeTestBase):
 
   def _inputs(self, num_experts, tokens_per_device=5):
     tokens = NUM_DEVICES * tokens_per_device
-    x, logits = _normal(self.rng, tokens, H), _normal(self.rng, tokens, num_experts)
+    x, logits = _normal(self.rng, tokens, H), _logits(self.rng, tokens, num_experts)
     logits = logits + jnp.asarray(self.rng.normal(0, 2, num_experts), jnp.float32)  # unbalanced load
     return (x, logits, *self.weights(num_experts=num_experts))
 
@@ -515,7 +523,7 @@ class ExpertParallelGpuTest(MoeTestBase):
   def test_matches_one_device(self, dispatch):
     mesh = Mesh(np.array(GPUS), ("expert",))
     tokens, num_experts = 64 * len(GPUS), 4 * len(GPUS)
-    x, logits = _normal(self.rng, tokens, H), _normal(self.rng, tokens, num_experts)
+    x, logits = _normal(self.rng, tokens, H), _logits(self.rng, tokens, num_experts)
     w_gate_up, w_down = self.weights(num_experts=num_experts)
     fn = lambda *a: moe.expert_parallel_moe_mlp(*a, TOP_K, axis_name="expert", dispatch=dispatch)
     sharded = jax.jit(shard_map(fn, mesh=mesh, in_specs=(P("expert"),) * 4, out_specs=P("expert")))
