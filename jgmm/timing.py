@@ -21,15 +21,6 @@ import jax
 import jax.numpy as jnp
 
 
-_WALL_OFFSET = time.time() - time.perf_counter()
-
-
-def _now():
-  """Seconds on the wall clock (time.time()'s, so that other records such as nvidia-smi's samples can be matched
-  against them) that advance with the monotonic time.perf_counter()."""
-  return time.perf_counter() + _WALL_OFFSET
-
-
 def jax_sync(x):
   jax.block_until_ready(x)
 
@@ -107,9 +98,12 @@ def time_ms(fn, sync, min_batch_s=0.05, batches=7):
   return time_interleaved({"fn": (fn, sync)}, min_batch_s, batches)["fn"]
 
 
+_WALL_OFFSET = time.time() - time.perf_counter()
+
+
 class Run(NamedTuple):
   """One timed run (a batch of interleaved_runs, a run of sustained_runs): calls completed between start and end
-  (_now() seconds)."""
+  (time.perf_counter() seconds)."""
   start: float
   end: float
   calls: int
@@ -118,6 +112,11 @@ class Run(NamedTuple):
   def ms(self):
     """ms per call."""
     return 1e3 * (self.end - self.start) / self.calls
+
+  @property
+  def wall(self):
+    """(start, end) on the wall clock, time.time()'s: to match other records (nvidia-smi's samples) against."""
+    return self.start + _WALL_OFFSET, self.end + _WALL_OFFSET
 
 
 def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
@@ -137,14 +136,14 @@ def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
   Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
   per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
   slows down within a second), and the samples of one round can be compared pairwise. A fn whose single warm
-  call takes longer than cap_s is timed by that call (one run). Times are _now()'s.
+  call takes longer than cap_s is timed by that call (one run).
   """
   reps, result = {}, {}
   for name, (fn, sync) in fns.items():
     sync(fn())
-    start = _now()
+    start = time.perf_counter()
     sync(fn())
-    end = _now()
+    end = time.perf_counter()
     if cap_s is not None and end - start > cap_s:
       result[name] = [Run(start, end, 1)]
     else:
@@ -153,11 +152,11 @@ def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
   for _ in range(batches):
     for name in reps:
       fn, sync = fns[name]
-      start = _now()
+      start = time.perf_counter()
       for _ in range(reps[name] - 1):
         fn()
       sync(fn())
-      runs[name].append(Run(start, _now(), reps[name]))
+      runs[name].append(Run(start, time.perf_counter(), reps[name]))
   return result | runs
 
 
@@ -171,15 +170,15 @@ def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_s
   for r in range(rounds):
     for name in names[::-1] if r % 2 else names:
       fn, sync = fns[name]
-      settle_end = _now() + settle_s
-      while _now() < settle_end:
+      settle_end = time.perf_counter() + settle_s
+      while time.perf_counter() < settle_end:
         sync(fn())
-      start, calls = _now(), 0
-      while _now() - start < seconds:
+      start, calls = time.perf_counter(), 0
+      while time.perf_counter() - start < seconds:
         for _ in range(calls_per_sync - 1):
           fn()
         sync(fn())
         calls += calls_per_sync
-      runs[name].append(Run(start, _now(), calls))
+      runs[name].append(Run(start, time.perf_counter(), calls))
       time.sleep(rest_s)
   return runs

@@ -112,8 +112,8 @@ class TimedRunsTest(absltest.TestCase):
   def test_each_fn_runs_back_to_back_every_other_round_reversed(self):
     """Every call of a run falls inside it or its settling before it; the runs do not overlap; the second round runs
     the fns in reverse order; each Run's calls are the calls made between its start and end."""
-    calls = []  # (name, timing._now()) of every call
-    fns = {name: (functools.partial(lambda name: calls.append((name, timing._now())), name), lambda _: None)
+    calls = []  # (name, time.perf_counter()) of every call
+    fns = {name: (functools.partial(lambda name: calls.append((name, time.perf_counter())), name), lambda _: None)
            for name in ("a", "b", "c")}
     runs = timing.sustained_runs(fns, 0.03, rounds=2, settle_s=0.01, rest_s=0.0, calls_per_sync=5)
     self.assertEqual({name: len(r) for name, r in runs.items()}, {"a": 2, "b": 2, "c": 2})
@@ -130,7 +130,11 @@ class TimedRunsTest(absltest.TestCase):
       self.assertTrue(any(n == name and previous_end < t < start for n, t in calls))  # settled first
       self.assertFalse(any(n != name and previous_end < t < end for n, t in calls))  # nothing else meanwhile
       previous_end = end
-    self.assertAlmostEqual(runs["a"][0].ms, 1e3 * (runs["a"][0].end - runs["a"][0].start) / runs["a"][0].calls)
+    run = runs["a"][0]
+    self.assertAlmostEqual(run.ms, 1e3 * (run.end - run.start) / run.calls)
+    wall_start, wall_end = run.wall
+    self.assertAlmostEqual(wall_end - wall_start, run.end - run.start, places=5)
+    self.assertLess(abs(time.time() - (time.perf_counter() + wall_start - run.start)), 0.01)
 
   def test_interleaved_batches_run_round_robin_and_a_slow_fn_once(self):
     """interleaved_runs: after one warm call each and one timing call, every round one batch of each fn in the
@@ -139,7 +143,7 @@ class TimedRunsTest(absltest.TestCase):
     calls = []
 
     def fn(name, seconds):
-      calls.append((name, timing._now()))
+      calls.append((name, time.perf_counter()))
       time.sleep(seconds)
 
     fns = {name: (functools.partial(fn, name, seconds), lambda _: None)

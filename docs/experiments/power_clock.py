@@ -104,7 +104,7 @@ if __name__ == "__main__":
   print("| case | impl | TFLOP/s (median) | range | SM clock MHz (median) | power W (median) | % of peak per clock "
         "| GFLOP/J | samples |\n|---|---|---|---|---|---|---|---|---|")
   for (name, impl, flops), runs in spans.items():
-    s = np.concatenate([samples_between(lines, run.start, run.end) for run in runs])
+    s = np.concatenate([samples_between(lines, *run.wall) for run in runs])
     rates = [flops / run.ms / 1e9 for run in runs]
     tflops = np.median(rates)
     clock, power = (np.median(s[:, 0]), np.median(s[:, 1])) if len(s) else (float("nan"), float("nan"))
