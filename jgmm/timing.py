@@ -119,6 +119,13 @@ class Run(NamedTuple):
     return self.start + _WALL_OFFSET, self.end + _WALL_OFFSET
 
 
+def _call(fn, sync, calls):
+  """fn() `calls` times, asynchronously, the last one waited for by sync()."""
+  for _ in range(calls - 1):
+    fn()
+  sync(fn())
+
+
 def time_interleaved(fns, min_batch_s=0.05, batches=7, cap_s=None):
   """{name: median ms per call} of fns {name: (fn, sync)} (interleaved_samples)."""
   return {name: statistics.median(ms) for name, ms in interleaved_samples(fns, min_batch_s, batches, cap_s).items()}
@@ -151,11 +158,8 @@ def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
   runs = {name: [] for name in reps}
   for _ in range(batches):
     for name in reps:
-      fn, sync = fns[name]
       start = time.perf_counter()
-      for _ in range(reps[name] - 1):
-        fn()
-      sync(fn())
+      _call(*fns[name], reps[name])
       runs[name].append(Run(start, time.perf_counter(), reps[name]))
   return result | runs
 
@@ -175,9 +179,7 @@ def sustained_runs(fns, seconds, rounds=2, settle_s=0.5, rest_s=1.0, calls_per_s
         sync(fn())
       start, calls = time.perf_counter(), 0
       while time.perf_counter() - start < seconds:
-        for _ in range(calls_per_sync - 1):
-          fn()
-        sync(fn())
+        _call(fn, sync, calls_per_sync)
         calls += calls_per_sync
       runs[name].append(Run(start, time.perf_counter(), calls))
       time.sleep(rest_s)

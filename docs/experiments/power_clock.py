@@ -44,6 +44,7 @@ CONFIGS = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else []
 ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 DLHS = os.environ.get("PRODUCT", "forward") == "dlhs"
 INTERLEAVE = float(os.environ.get("INTERLEAVE", "0"))
+REVERSE = os.environ.get("ORDER") == "reverse"
 
 
 def sampler(log):
@@ -83,9 +84,10 @@ if __name__ == "__main__":
     if torch_impls is not None:
       impls["torch_grouped_mm"] = torch_impls[0][0]
     fns = {}
-    for impl, f in list(impls.items())[::-1 if os.environ.get("ORDER") == "reverse" else 1]:
-      fns[impl] = (f, bench._torch_sync if impl.startswith("torch") else timing.jax_sync)
-      fns[impl][1](f())
+    for impl, f in list(impls.items())[::-1 if REVERSE else 1]:
+      sync = bench._torch_sync if impl.startswith("torch") else timing.jax_sync
+      sync(f())  # Compiled before any timing.
+      fns[impl] = (f, sync)
     cases.append((name, 2 * m * k * n, fns))
   log = tempfile.TemporaryFile("w+")
   proc = sampler(log)
