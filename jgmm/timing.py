@@ -137,13 +137,23 @@ def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
   return {name: [run.ms for run in runs] for name, runs in interleaved_runs(fns, min_batch_s, batches, cap_s).items()}
 
 
+def balanced_orders(n):
+  """Orders of range(n), one a round, in which each i follows each other j equally often (a Williams design: n
+  orders for an even n, 2n for an odd n). Under a power cap a batch's speed depends on the one before it: the
+  clock it inherits (session 42: 2.5-4% for the same kernel after torch's batch against after the dense one)."""
+  first = [0 if j == 0 else (j + 1) // 2 if j % 2 else n - j // 2 for j in range(n)]
+  orders = [[(i + shift) % n for i in first] for shift in range(max(n, 1))]
+  return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders
+
+
 def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
   """{name: [Run of each batch]} of fns {name: (fn, sync)}: run i of every fn from round i.
 
-  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run round-robin, one
-  per fn in turn, so that every implementation sees the same clocks and temperature (a GPU at full load
-  slows down within a second), and the samples of one round can be compared pairwise. A fn whose single warm
-  call takes longer than cap_s is timed by that call (one run).
+  Each fn is warmed up (compiled) and timed once to size its batch; then the batches run in rounds, one per fn
+  each, so that every implementation sees the same clocks and temperature (a GPU at full load slows down within a
+  second), and the samples of one round can be compared pairwise. Round i runs the fns in balanced_orders' order
+  i (cycled), so that no fn always follows the same one; `batches` is rounded up to whole cycles where one cycle
+  is no longer than it. A fn whose single warm call takes longer than cap_s is timed by that call (one run).
   """
   reps, result = {}, {}
   for name, (fn, sync) in fns.items():
@@ -155,9 +165,13 @@ def interleaved_runs(fns, min_batch_s=0.05, batches=7, cap_s=None):
       result[name] = [Run(start, end, 1)]
     else:
       reps[name] = max(1, int(min_batch_s / max(end - start, 1e-6)))
-  runs = {name: [] for name in reps}
-  for _ in range(batches):
-    for name in reps:
+  names = list(reps)
+  orders = balanced_orders(len(names))
+  if len(orders) <= batches:
+    batches = -(-batches // len(orders)) * len(orders)
+  runs = {name: [] for name in names}
+  for i in range(batches):
+    for name in (names[j] for j in orders[i % len(orders)]):
       start = time.perf_counter()
       _call(*fns[name], reps[name])
       runs[name].append(Run(start, time.perf_counter(), reps[name]))

@@ -7,6 +7,7 @@ beside gmm (tiny, CPU);
 bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
 kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables;
 jgmm.timing's interleaved and sustained runs and the bench's sustained table (CPU)."""
+import collections
 import functools
 import io
 import json
@@ -136,10 +137,20 @@ class TimedRunsTest(absltest.TestCase):
     self.assertAlmostEqual(wall_end - wall_start, run.end - run.start, places=5)
     self.assertLess(abs(time.time() - (time.perf_counter() + wall_start - run.start)), 0.01)
 
-  def test_interleaved_batches_run_round_robin_and_a_slow_fn_once(self):
-    """interleaved_runs: after one warm call each and one timing call, every round one batch of each fn in the
-    dict's order, each Run spanning its batch's calls; a fn whose timing call took longer than cap_s: that call
-    alone, no batch; interleaved_samples: the runs' ms."""
+  def test_balanced_orders_are_permutations_and_each_fn_follows_each_other_equally_often(self):
+    for n in range(8):
+      orders = timing.balanced_orders(n)
+      self.assertLen(orders, 2 * n if n % 2 and n > 1 else max(n, 1), n)
+      for order in orders:
+        self.assertEqual(sorted(order), list(range(n)), n)
+      follows = collections.Counter(pair for order in orders for pair in zip(order, order[1:]))
+      self.assertLen(follows, n * (n - 1), n)
+      self.assertLessEqual(len(set(follows.values())), 1, n)
+
+  def test_interleaved_batches_run_in_balanced_orders_and_a_slow_fn_once(self):
+    """interleaved_runs: after one warm call each and one timing call, every round one batch of each fn in
+    balanced_orders' order (3 batches asked of 2 fns: 4, two whole cycles), each Run spanning its batch's calls; a fn
+    whose timing call took longer than cap_s: that call alone, no batch; interleaved_samples: the runs' ms."""
     calls = []
 
     def fn(name, seconds):
@@ -153,12 +164,12 @@ class TimedRunsTest(absltest.TestCase):
     self.assertEqual(runs["slow"][0].calls, 1)
     self.assertEqual([n for n, _ in calls].count("slow"), 2)  # the warm call and the timing call
     batches = sorted((run.start, name, run) for name in ("a", "b") for run in runs[name])
-    self.assertEqual([name for _, name, _ in batches], ["a", "b"] * 3)
+    self.assertEqual([name for _, name, _ in batches], ["a", "b", "b", "a"] * 2)
     for _, name, run in batches:
       inside = [t for n, t in calls if n == name and run.start <= t <= run.end]
       self.assertLen(inside, run.calls)
       self.assertGreater(run.calls, 1)
-    self.assertEqual(runs["a"][0].calls, runs["a"][2].calls)
+    self.assertEqual(runs["a"][0].calls, runs["a"][3].calls)
     with mock.patch.object(timing, "interleaved_runs", return_value=runs):
       self.assertEqual(timing.interleaved_samples(fns), {name: [r.ms for r in rs] for name, rs in runs.items()})
 

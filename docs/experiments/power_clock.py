@@ -10,8 +10,8 @@ of its rounds, their range, and the clock and power of all its samples.
 
 INTERLEAVE=BATCH_SECONDS: instead of sustained runs, ROUNDS rounds of one batch of about BATCH_SECONDS of each
 implementation in turn (jgmm.timing.interleaved_runs, the benchmark's timing at 0.05; SECONDS unused): the clock and
-power each implementation's batches see there, against the sustained runs'. ORDER=reverse: the implementations in the
-opposite order (does a batch's clock depend on the one before it?).
+power each implementation's batches see there, against the sustained runs', and (session 42) each implementation's rate
+by the implementation whose batch ran just before it. ORDER=reverse: the implementations in the opposite order.
 PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
 and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
 
@@ -64,6 +64,20 @@ def samples_between(lines, t0, t1):
   return np.array(picked).reshape(-1, 2)
 
 
+def print_by_predecessor(spans):
+  """Per case and implementation, the median TFLOP/s of its batches by the implementation whose batch ran just
+  before (interleaved_runs' balanced orders give each predecessor about equally many)."""
+  print("\n| case | impl | after | TFLOP/s (median) | batches |\n|---|---|---|---|---|")
+  for case in dict.fromkeys(name for name, _, _ in spans):
+    batches = sorted((run.start, impl, flops / run.ms / 1e9)
+                     for (name, impl, flops), runs in spans.items() if name == case for run in runs)
+    rates = {}
+    for (_, before, _), (_, impl, rate) in zip(batches, batches[1:]):
+      rates.setdefault((impl, before), []).append(rate)
+    for (impl, before), rs in sorted(rates.items()):
+      print(f"| {case} | {impl} | {before} | {np.median(rs):.0f} | {len(rs)} |")
+
+
 if __name__ == "__main__":
   cases = []
   for name, m, k, n, g in bench.CASES:
@@ -113,3 +127,5 @@ if __name__ == "__main__":
     per_clock = 100 * tflops * 1e12 / (sms * 4096 * clock * 1e6)
     print(f"| {name} | {impl} | {tflops:.0f} | {min(rates):.0f}-{max(rates):.0f} | {clock:.0f} | {power:.0f} | "
           f"{per_clock:.0f}% | {tflops * 1e3 / power:.0f} | {len(s)} |")
+  if INTERLEAVE:
+    print_by_predecessor(spans)
