@@ -63,8 +63,9 @@ def _descriptors(use_tma, lhs, lhs_block, rhs, rhs_view, rhs_block):
 
 
 def _row_tiles(bounds, m, row_tiles, block_m):
-  """gmm_ws_kernel's schedule (1 + 4 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
-  (meaningful for r < R) its group, first row, rows of its group in it, rows to store].
+  """gmm_ws_kernel's schedule (1 + 6 * row_tiles,) int32: [row tiles in use R; per row tile r < row_tiles
+  (meaningful for r < R) its group, first row, rows of its group in it, rows to store, the first row tile of its
+  region (its group, or the rows before or after the groups) and the region's row tiles].
 
   Tiles of block_m rows cover each group's rows in turn, and the rows before the first group and after the last
   (rows of no group: 0 rows of a group, zeros to store). row_tiles >= cdiv(m, block_m) + G + 1 holds them all,
@@ -81,7 +82,8 @@ def _row_tiles(bounds, m, row_tiles, block_m):
   store_rows = jnp.clip(ends[region] - row0, 0, block_m)
   in_group = (region >= 1) & (region <= num_groups)
   group = jnp.clip(region - 1, 0, num_groups - 1)
-  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows])
+  return jnp.concatenate([tiles_end[-1:], group, row0, jnp.where(in_group, store_rows, 0), store_rows,
+                          (tiles_end - tiles)[region], tiles[region]])
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):

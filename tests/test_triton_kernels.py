@@ -140,8 +140,8 @@ class InterpretedGmmTest(InterpretedTestBase):
 
   @parameterized.product(transpose_rhs=(False, True), persistent=(False, True))
   def test_groups_of_many_row_tiles(self, transpose_rhs, persistent):
-    """Groups of 10, 18, 8 and 21 row tiles of 16 rows (gmm_kernel's bands of 8 row tiles of a group: up to three in
-    a group, the last one shorter), the last row tile of each partial, rows before and after them: every tile once."""
+    """Groups of 10, 18, 8 and 21 row tiles of 16 rows (bands of 8 whose last one takes the rest, two bands in one
+    group), the last row tile of each partial, rows before and after them: every tile once."""
     m, k, n = 900, 16, 40
     bounds = self.bounds(m, [150, 280, 128, 321], start=5)
     lhs, rhs = self.normal((m, k)), self.normal((4, n, k) if transpose_rhs else (4, k, n))
@@ -265,7 +265,7 @@ class InterpretedTgmmTest(InterpretedTestBase):
     self.assert_close(dbias, want_dbias, 1e-5, "dbias")
 
   def test_many_k_tiles(self):
-    """K of 10 tiles of 16 (tgmm_kernel's bands of 8 K tiles: 8 and 2) and 3 column tiles, 2 groups."""
+    """K of 10 tiles of 16 (bands of 8 K tiles, the last one taking the rest) and 3 column tiles, 2 groups."""
     m, k, n = 60, 150, 40
     bounds = self.bounds(m, [25, 31], start=2)
     lhs, rhs = self.normal((m, k)), self.normal((m, n))
@@ -311,9 +311,11 @@ def _tile_coords_kernel(m_tiles, rows_ptr, cols_ptr, N_TILES: tl.constexpr, GROU
 
 
 def banded_order(m_tiles, n_tiles, band):
-  """[(row tile, column tile)] in common.tile_coords' documented order: bands of `band` row tiles (the last one
-  shorter where band does not divide m_tiles), the row tile fastest inside a band (band 1: row-major)."""
-  starts = list(range(0, m_tiles, band))
+  """[(row tile, column tile)] in common.tile_coords' documented order: bands of `band` row tiles, the last one
+  also taking the m_tiles % band left over, the row tile fastest inside a band; row-major for band 1."""
+  if band == 1:
+    return [(r, c) for r in range(m_tiles) for c in range(n_tiles)]
+  starts = list(range(0, m_tiles, band))[:max(m_tiles // band, 1)]
   return [(r, c) for start, end in zip(starts, starts[1:] + [m_tiles])
           for c in range(n_tiles) for r in range(start, end)]
 
@@ -323,14 +325,35 @@ class InterpretedTileOrderTest(InterpretedTestBase):
 
   @parameterized.parameters((9, 5, 8), (17, 3, 8), (7, 4, 8), (16, 2, 8), (10, 3, 3), (1, 6, 8), (5, 3, 1))
   def test_tile_coords(self, m_tiles, n_tiles, band):
-    """Every tile once, in bands of `band` row tiles, the row tile fastest inside a band, the last band shorter (9 row
-    tiles in bands of 8: 8 and 1)."""
+    """Every tile once, in bands of `band` row tiles whose last one takes the rest (9 row tiles in bands of 8: one
+    band of 9, where a band of 1 after 8 would read the whole rhs again for one row tile)."""
     tiles = m_tiles * n_tiles
     rows, cols = jax.jit(lambda: ffi.triton_call(
         m_tiles, kernel=_tile_coords_kernel, out_shape=[jax.ShapeDtypeStruct((tiles,), jnp.int32)] * 2,
         grid=(tiles,), N_TILES=n_tiles, GROUP_M=band))()
     self.assertEqual(list(zip(np.asarray(rows).tolist(), np.asarray(cols).tolist())),
                      banded_order(m_tiles, n_tiles, band))
+
+  def test_ws_schedule_regions(self):
+    """gmm_ws's schedule (backend_triton._row_tiles): per row tile, the first row tile and the row tiles of its
+    region (rows before the groups, each group, an empty one too, rows after them), whose bands tile_of walks."""
+    m, block_m = 1000, 128
+    bounds = jnp.asarray([37, 37, 300, 301, 990], jnp.int32)
+    row_tiles = -(-m // block_m) + bounds.shape[0]
+    schedule = np.asarray(backend_triton._row_tiles(bounds, m, row_tiles, block_m))
+    edges = [0, *np.asarray(bounds).tolist(), m]
+    first, want = 0, []
+    for start, end in zip(edges, edges[1:]):
+      count = -(-(end - start) // block_m)
+      want += [(first, count)] * count
+      first += count
+    self.assertEqual(schedule[0], len(want))
+    got = schedule[1 + 4 * row_tiles:1 + 6 * row_tiles].reshape(2, row_tiles)[:, :len(want)]
+    self.assertEqual(list(zip(*got.tolist())), want)
+    row0 = schedule[1 + row_tiles:1 + 2 * row_tiles]
+    for r, (first, _) in enumerate(want):  # A region's first tile starts at its first row.
+      self.assertIn(row0[first], edges)
+      self.assertEqual((row0[r] - row0[first]) % block_m, 0)
 
 
 @absltest.skipIf(ON_GPU, "interpreter tests run on the CPU")
@@ -421,8 +444,8 @@ class CrossLoweringTest(parameterized.TestCase):
   )
   def test_gmm_ws_compiles_for_sm90(self, shape, transpose_rhs, dt):
     """The warp-specialised Gluon kernel where it applies (K a multiple of block_k unless rhs is transposed; in
-    bands of 8 row tiles with rhs transposed, row-major otherwise), gmm_kernel elsewhere and with a jaxlib that
-    cannot build host TMA descriptors."""
+    bands of 8 row tiles of a group with rhs transposed, row-major otherwise), gmm_kernel elsewhere and with a jaxlib
+    that cannot build host TMA descriptors."""
     m, k, n, groups = shape
     s = jax.ShapeDtypeStruct
     config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
@@ -635,10 +658,10 @@ class GpuKernelTest(KernelTestBase):
              dict(band_tiles=1, cluster_size=2, block_n=128, num_stages=5)),
   )
   def test_gmm_ws_tile_orders_and_clusters(self, m, k, n, groups, transpose_rhs, order):
-    """test_gmm_ws's cases (bf16) and two groups of ~12 row tiles in bands of row tiles (8, and 3: bands cut by the
-    row tiles' end) and on clusters of 2 CTAs (Config.cluster_size; the one-CTA kernel under a Triton without Gluon's
-    clusters), 2 x 256 and 2 x 128 columns a cluster: N past the cluster's second tile, a cluster whose second tile
-    lies entirely past N."""
+    """test_gmm_ws's cases (bf16) and two groups of ~12 row tiles in bands of row tiles of a group (8, and 3; the
+    last band of a group taking the rest) and on clusters of 2 CTAs (Config.cluster_size; the one-CTA kernel under a
+    Triton without Gluon's clusters), 2 x 256 and 2 x 128 columns a cluster: N past the cluster's second tile, a
+    cluster whose second tile lies entirely past N."""
     dt = jnp.bfloat16
     lhs, rhs = self.normal((m, k), dt), self.normal((groups, n, k) if transpose_rhs else (groups, k, n), dt)
     bounds = self.random_bounds(m, groups)

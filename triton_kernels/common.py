@@ -8,17 +8,20 @@ def tile_coords(local, m_tiles, N_TILES, GROUP_M: tl.constexpr):
   """(row tile, column tile) of tile `local` in an (m_tiles x N_TILES) grid, L2-friendly order (N_TILES a
   constexpr or, for grouped_matmul's problems of different widths, a runtime value).
 
-  Bands of GROUP_M row tiles: inside a band the row tile varies fastest, so programs running at the same
-  time share each rhs column panel and the band's lhs rows. GROUP_M 1: row-major, the column tile fastest.
-  Gluon kernels call it too (the warp-specialised kernels' orders).
+  Bands of GROUP_M row tiles, the last band also taking the m_tiles % GROUP_M left over (GROUP_M to 2 GROUP_M - 1
+  row tiles; all m_tiles where fewer than GROUP_M): inside a band the row tile varies fastest, so programs running
+  at the same time share each rhs column panel and the band's lhs rows, and no band of a few row tiles reads the
+  whole rhs again for them (a group of 9 row tiles in bands of 8 and 1 read its weights twice: docs/perf-notes.md,
+  Session 40). GROUP_M 1: row-major, the column tile fastest. Gluon kernels call it too (the warp-specialised
+  kernels' orders).
   """
   if GROUP_M == 1:
     return local // N_TILES, local % N_TILES
-  tiles_per_band = GROUP_M * N_TILES
-  band = local // tiles_per_band
+  bands = tl.maximum(m_tiles // GROUP_M, 1)
+  band = tl.minimum(local // (GROUP_M * N_TILES), bands - 1)
   first_m = band * GROUP_M
-  band_m = tl.minimum(m_tiles - first_m, GROUP_M)
-  within = local - band * tiles_per_band
+  band_m = tl.where(band == bands - 1, m_tiles - first_m, GROUP_M)
+  within = local - first_m * N_TILES
   return first_m + within % band_m, within // band_m
 
 

@@ -26,7 +26,7 @@ halves one after the other (two float32 accumulators and one product fit the reg
 tile once for 256 columns. Row and channel scales multiply the accumulator once, in the epilogue. A tile's rows
 past its group's rows (masked: past masked_m[g]) are stored as zeros, whatever their operands or scales hold.
 
-schedule: gmm_ws's (1 + 4 R_MAX,) int32 (per row tile of 64 HALVES rows: group, first row, rows of the group, rows
+schedule: gmm_ws's (1 + 6 R_MAX,) int32 (per row tile of 64 HALVES rows: group, first row, rows of the group, rows
 to store); for the masked layout (MASKED_M = max_m > 0) masked_m itself, from which gmm_ws.tile_of computes each
 tile (one per 64 HALVES of each group's max_m rows): no XLA kernel builds a schedule before the launch.
 """

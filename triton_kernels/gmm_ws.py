@@ -15,8 +15,9 @@ Per program, three partitions:
   group's last rows) through a descriptor made on the device that ends at its last row, which clips the store, so
   no tile writes a row of another.
 
-schedule (1 + 4 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
-the group in it (0: a tile of rows outside every group, zeros to store), rows to store]; only r < R are used.
+schedule (1 + 6 R_MAX,) int32, from jgmm.backend_triton: [R, then per row tile r < R_MAX: group, first row, rows of
+the group in it (0: a tile of rows outside every group, zeros to store), rows to store, the first row tile of its
+group (or of the rows before or after the groups) and that group's row tiles]; only r < R are used.
 The rhs descriptor views rhs as (G * K, N) (K a multiple of BLOCK_K, so a step never reads another group's rows)
 or, transposed, (G * N, K) (rows past the group's N only feed columns that are never stored).
 """
@@ -41,8 +42,9 @@ MAXNREG = 168  # Registers per thread at launch: 12 warps x 168 fit an SM; the c
 def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1, MASKED_M: gl.constexpr = 0,
             TILE_M: gl.constexpr = BLOCK_M):
   """(group, first row, rows of the group, rows to store, column tile) of tile t: row-major over (row tiles,
-  num_n), or with BAND > 1 in bands of BAND row tiles, the row tile fastest inside a band (common.tile_coords:
-  programs running at once share rhs panels).
+  num_n), or with BAND > 1 in bands of BAND row tiles of one group (or of the rows before or after the groups), the
+  row tile fastest inside a band (common.tile_coords over the group's row tiles: programs running at once share rhs
+  panels, and a band never straddles two groups, whose weights it would read both).
 
   MASKED_M > 0: the masked layout of MASKED_M rows a group (lhs (G * MASKED_M, K)), no schedule: schedule_ptr is
   masked_m (G,) and row tile r = g * cdiv(MASKED_M, TILE_M) + i holds rows [i TILE_M, (i + 1) TILE_M) of group g
@@ -56,7 +58,12 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1,
     rows = gl.minimum(gl.maximum(gl.load(schedule_ptr + g) - first, 0), TILE_M)
     return g, g * MASKED_M + first, rows, gl.minimum(MASKED_M - first, TILE_M), t % num_n
   else:
-    r, ni = tile_coords(t, gl.load(schedule_ptr), num_n, BAND)
+    if BAND == 1:
+      r, ni = t // num_n, t % num_n
+    else:  # The group of row tile t // num_n: its first row tile and row tiles (tile t is among theirs).
+      first = gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n)
+      i, ni = tile_coords(t - first * num_n, gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n), num_n, BAND)
+      r = first + i
     return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
             gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
