@@ -3,7 +3,7 @@
 Cases of issue 15 (DeepGEMM's): masked G x expected_m in {1x1024, 2x512, 4x256, 32x192, 6x1024, 32x20} with
 masked_m[g] uniform in [0.7, 1.3] x expected_m (DeepGEMM's test) and max_m = that bound rounded up to 128;
 contiguous G x rows in {4x8192, 8x4096}; (N, K) in {(4096, 7168), (7168, 2048)}. Implementations, timed
-round-robin in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 blocks (1x128 activations,
+interleaved in one process (timing.time_interleaved): jgmm FP8 with DeepSeek-V3 blocks (1x128 activations,
 128x128 weights), jgmm FP8 per row / per channel, jgmm bf16, torch._scaled_grouped_mm (rowwise scales) where it
 accepts the case, dense torch._scaled_mm (rowwise) of the same valid rows as the ceiling. TFLOP/s count the
 valid rows' 2 * rows * N * K. DeepGEMM's published figures (H800, 1x128 / 128x128) are printed beside them.
@@ -223,7 +223,7 @@ def _print(results, recipe):
 
 
 def _print_products(results):
-  for key, title in (("tflops", "whole calls, timed round-robin"),
+  for key, title in (("tflops", "whole calls, timed interleaved"),
                      ("kernel_tflops", "product kernels alone, DeepGEMM's method: timing.kernel_ms")):
     print(f"\nFP8 (TFLOP/s on the valid rows, {title}; DeepGEMM: published, H800)")
     print("| layout | G x rows | N, K | jgmm fp8 blocks | jgmm fp8 rowwise | jgmm bf16 | torch scaled_grouped_mm "

@@ -6,7 +6,7 @@ A script, not a test. Cases (bf16): 8 LoRA-style products (M = K = 4096, N = 16.
 requests of 37..2048 tokens each times its own (4096, 4096) weight, and the sizes of Triton's grouped-GEMM
 tutorial (one product each of 1024^3, 512^3, 256^3, 128^3; four N^3 products for N = 128..1024); and in FP8
 (DeepSeek-V3's blocks: lhs 1x128, rhs 128x128, stored (N, K)), the LoRA and prefill shapes ("lora8-fp8",
-"prefill16-fp8"). Implementations, forward only, timed round-robin with jgmm.timing.time_interleaved:
+"prefill16-fp8"). Implementations, forward only, timed interleaved with jgmm.timing.time_interleaved:
   jgmm:        jit(jgmm.grouped_matmul), one kernel launch (FP8 cases: on operands quantised beforehand, so the
                GEMMs alone are timed, as DeepGEMM's benchmarks do);
   jgmm_bf16:   FP8 cases: the same problems in bf16 through jit(jgmm.grouped_matmul);
