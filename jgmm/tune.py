@@ -13,10 +13,13 @@ xla backend), then the --finalists fastest and the heuristic's config and the xl
 output: a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
 rejected. The fastest of the rest (by its median over the 7 interleaved rounds) is the entry, "xla" where the
 portable backend is the fastest, only where it beats the heuristic's config beyond noise (beats(): by more than
---min-gain in the median of the per-round ratios, and in 5 of the 7 rounds at least) and does so again in a
-confirming round (the two timed interleaved afresh: the first verdict picked the luckiest of several, so it
-cannot confirm itself); otherwise the heuristic's config is the entry (so that a table never picks a config slower
-than the heuristic beyond noise, and the key counts as tuned). Results go to
+--min-gain in the median of the per-round ratios, and in 70% of the rounds at least) and does so again in a
+confirming round (the two timed afresh: the first verdict picked the luckiest of several, so it cannot confirm
+itself); otherwise the heuristic's config is the entry (so that a table never picks a config slower
+than the heuristic beyond noise, and the key counts as tuned). --sustained-s SECONDS times the final and confirming
+rounds (5 each) with each candidate running alone for SECONDS instead: interleaved batches share one clock, so on a
+GPU at its power cap they rank candidates by work per clock and cannot show which spends less energy per FLOP,
+which a sustained run's clock follows (docs/perf-notes.md, session 42). Results go to
 --output (default: ./<the table name this GPU reads>, e.g. sm90-nvidia_h200.json), rewritten atomically after each
 key: killing the tuner loses no finished key, and rerunning resumes (keys in --output, or with an exact entry in
 the tables select() reads now, are skipped unless --all). Use the file with JGMM_CONFIG_FILES=path, or ship it in
@@ -340,7 +343,7 @@ def _final(worker, key, m, cands, indices, args, report, phase="final"):
   """{candidate index: result event} of the candidates of `indices` timed interleaved (the worker's final phase)
   and correct (within --err-ratio of the xla backend); None if the phase failed. Each result is reported."""
   job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in indices],
-         "seconds": args.final_s}
+         "seconds": args.final_s, "sustained": args.sustained_s}
   bound = args.err_ratio * _unit_roundoff(key)
   results = {}
   try:
@@ -539,6 +542,9 @@ def parse_args(argv):
                       "(FP8 ops: the output's)")
   p.add_argument("--screen-s", type=float, default=0.01, help="seconds per screening batch")
   p.add_argument("--final-s", type=float, default=0.05, help="seconds per final-phase batch")
+  p.add_argument("--sustained-s", type=float, default=0.0, metavar="SECONDS",
+                 help="time the final phase's candidates each alone for SECONDS a round (5 rounds), the rate they "
+                      "hold under the GPU's power cap, instead of in interleaved batches (default 0: interleaved)")
   p.add_argument("--min-gain", type=float, default=0.01,
                  help="keep the heuristic's config (as the entry) unless the best is faster by more than this")
   p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),

@@ -7,14 +7,17 @@ tell which one hangs), {"event": "result", "i": i, "us": ..., "max_rel_err": ...
 
 A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total rows, "candidates": [{"backend":
 "triton", "config": Config fields} | {"backend": "xla"}], "seconds": the batch length to time with, "platforms":
-(compile) the platforms to lower for, e.g. ["cuda"] with JGMM_TARGET set, or null: the default}.
+(compile) the platforms to lower for, e.g. ["cuda"] with JGMM_TARGET set, or null: the default, "sustained":
+(final, optional) seconds of each sustained run, or 0}.
   compile: each candidate lowered on abstract inputs (so its Triton kernel compiled, into Triton's on-disk cache,
     which the timing worker then reads); nothing runs, so a process without a GPU can do it.
   screen: each candidate in turn: its first call (compile and run: "first_s" seconds), then a short timing
     (jgmm.timing.time_ms: 3 batches).
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
-    then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds; "samples_us" holds each round's time,
-    "us" their median).
+    then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds) or, where "sustained" > 0, each alone
+    for that many seconds (jgmm.timing.sustained_runs: SUSTAINED_ROUNDS rounds, the rate a GPU holds under its
+    power cap, which interleaved batches, sharing one clock, do not show); "samples_us" holds each round's time,
+    "us" their median.
 Calls go through jgmm's public ops (masked_gmm's d x: its primitive, which no public op passes a config to) with
 backend= and config= forced, on fresh random inputs (balanced routing; FP8 ops': quantised once, so every candidate
 reads the same FP8 values and scales), several runs of the op in one program for a small key (problem()); every
@@ -35,6 +38,7 @@ import jgmm
 from jgmm import bench, config_table, primitives, quantize, timing
 from jgmm.config import Config
 
+SUSTAINED_ROUNDS = 5  # A final phase's sustained rounds: tune.beats compares candidates round by round.
 _DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 _FP8_DTYPES = {"fp8e4m3": jnp.float8_e4m3fn, "fp8e4m3fnuz": jnp.float8_e4m3fnuz}
 
@@ -257,7 +261,12 @@ def run_job(job, emit):
         fns[i] = (lambda fn=fn: fn(*arrays), timing.jax_sync)
       except Exception as e:
         emit({"event": "result", "i": i, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    for i, samples in timing.interleaved_samples(fns, min_batch_s=seconds, batches=7).items():
+    if job.get("sustained"):
+      per_round = {i: [run.ms for run in runs]
+                   for i, runs in timing.sustained_runs(fns, job["sustained"], SUSTAINED_ROUNDS).items()}
+    else:
+      per_round = timing.interleaved_samples(fns, min_batch_s=seconds, batches=7)
+    for i, samples in per_round.items():
       ms = statistics.median(samples) / runs
       emit({"event": "result", "i": i, "us": 1e3 * ms, "samples_us": [1e3 * t / runs for t in samples],
             "tflops": flops / ms / 1e9, "max_rel_err": errors[i]})

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import numpy as np
 from absl.testing import absltest
 
 import jgmm
-from jgmm import backend_triton, config_table, model_shapes, moe, quantize, tune, tune_worker
+from jgmm import backend_triton, config_table, model_shapes, moe, quantize, timing, tune, tune_worker
 from jgmm.config import Config
 from jgmm.triton_kernels import geometry, gmm_fp8
 
@@ -287,6 +288,15 @@ class TunerChoiceTest(absltest.TestCase):
     self.assertEqual(screened[0]["config"], config_table.heuristic_config(self.key, None).__dict__)  # always tried
     self.assertEqual(screened[-1], {"backend": "xla"})
 
+  def test_sustained_s_goes_to_the_final_phase(self):
+    jobs = []
+    worker = mock.Mock(run=lambda job, timeout: jobs.append(job) or iter(()))
+    cands = [{"backend": "xla"}]
+    for argv, sustained in (([], 0.0), (["--sustained-s", "2"], 2.0)):
+      args = tune.parse_args(["--shape", "gmm,64,32,48,4", *argv])
+      self.assertEqual(tune._final(worker, self.key, self.m, cands, [0], args, lambda *_: None), {})
+      self.assertEqual(jobs[-1]["sustained"], sustained)
+
   def test_xla_wins_where_faster(self):
     entry, _ = self.run_tuner(xla_us=5)
     self.assertEqual((entry.backend, entry.config, entry.us), ("xla", None, 5.0))
@@ -531,6 +541,28 @@ class WorkerTest(absltest.TestCase):
     self.assertEqual(results[1]["max_rel_err"], 0.0)
     self.assertTrue(all(r["us"] > 0 and r["tflops"] > 0 for r in results.values()))
     self.assertTrue(all(len(r["samples_us"]) == 7 and r["us"] in r["samples_us"] for r in results.values()))
+
+  def test_a_sustained_final_phase_times_each_candidate_alone_round_by_round(self):
+    """"sustained": seconds > 0: the final phase's samples are timing.sustained_runs' rounds (SUSTAINED_ROUNDS of
+    them, that many seconds each), not interleaved batches."""
+    key = config_table.make_key("gmm", "float32", "float32", 16, 32, 48, 4)
+    calls, real = [], timing.sustained_runs
+
+    def sustained_runs(fns, seconds, rounds):
+      calls.append((sorted(fns), seconds, rounds))
+      return real(fns, seconds, rounds, settle_s=0.0, rest_s=0.0)
+
+    self.enter_context(mock.patch.object(timing, "sustained_runs", sustained_runs))
+    self.enter_context(mock.patch.object(timing, "interleaved_samples", side_effect=AssertionError("interleaved")))
+    events = []
+    tune_worker.run_job({"phase": "final", "key": key._asdict(), "m": 64, "seconds": 0.001, "sustained": 0.01,
+                         "candidates": [{"backend": "xla"}, {"backend": "xla"}]}, events.append)
+    results = {e["i"]: e for e in events if e["event"] == "result"}
+    self.assertEqual(calls, [([0, 1], 0.01, tune_worker.SUSTAINED_ROUNDS)])
+    for result in results.values():
+      self.assertLen(result["samples_us"], tune_worker.SUSTAINED_ROUNDS)
+      self.assertEqual(result["us"], statistics.median(result["samples_us"]))
+      self.assertEqual(result["max_rel_err"], 0.0)
 
   def test_on_a_gpu_a_small_key_runs_chained_and_no_run_is_merged(self):
     key = config_table.make_key("gmm", "float32", "float32", 128, 64, 32, 1)  # one row tile: XLA drops the offset
