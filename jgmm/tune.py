@@ -11,7 +11,7 @@ Each key (jgmm/config_table.py) is tuned in two phases: a quick screen of every 
 xla backend), then the --finalists fastest and the heuristic's config and the xla backend timed again interleaved
 (with no more Triton candidates than --finalists, the screen is skipped), each checked against the xla backend's
 output: a candidate whose max |out - xla out| / max |xla out| passes --err-ratio x the unit roundoff of its dtypes is
-rejected. The fastest of the rest (by its median over the 7 interleaved rounds) is the entry, "xla" where the
+rejected. The fastest of the rest (by its median over the interleaved rounds: 7 or more) is the entry, "xla" where the
 portable backend is the fastest, only where it beats the heuristic's config beyond noise (beats(): by more than
 --min-gain in the median of the per-round ratios, and in 70% of the rounds at least) and does so again in a
 confirming round (the two timed afresh: the first verdict picked the luckiest of several, so it cannot confirm
@@ -332,9 +332,10 @@ def _unit_roundoff(key):
 
 
 def beats(fast, slow, min_gain):
-  """Whether the candidate of round times `fast` beats the one of `slow` (one time per interleaved round, the same
-  rounds) beyond noise: the median of the ratios slow / fast above 1 + min_gain, and faster in at least 70% of the
-  rounds (5 of 7: a sign test that one or two rounds hit by a stall of the host or GPU do not fail)."""
+  """Whether the candidate of round times `fast` beats the one of `slow` (one time per round, interleaved or
+  sustained, the same rounds) beyond noise: the median of the ratios slow / fast above 1 + min_gain, and faster in at
+  least 70% of the rounds (e.g. 6 of 8: a sign test that one or two rounds hit by a stall of the host or GPU do not
+  fail)."""
   ratios = [s / f for f, s in zip(fast, slow, strict=True)]
   return statistics.median(ratios) > 1 + min_gain and sum(r > 1 for r in ratios) >= 0.7 * len(ratios)
 

@@ -14,10 +14,10 @@ A job: {"phase": "compile" | "screen" | "final", "key": Key fields, "m": total r
   screen: each candidate in turn: its first call (compile and run: "first_s" seconds), then a short timing
     (jgmm.timing.time_ms: 3 batches).
   final: every candidate run once and compared with the xla backend's output (max |out - ref| / max |ref|),
-    then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds) or, where "sustained" > 0, each alone
-    for that many seconds (jgmm.timing.sustained_runs: SUSTAINED_ROUNDS rounds, the rate a GPU holds under its
-    power cap, which interleaved batches, sharing one clock, do not show); "samples_us" holds each round's time,
-    "us" their median.
+    then all timed interleaved (jgmm.timing.interleaved_samples: 7 rounds, rounded up to whole cycles of its
+    balanced orders where one is no longer) or, where "sustained" > 0, each alone for that many seconds
+    (jgmm.timing.sustained_runs: SUSTAINED_ROUNDS rounds, the rate a GPU holds under its power cap, which
+    interleaved batches, sharing one clock, do not show); "samples_us" holds each round's time, "us" their median.
 Calls go through jgmm's public ops (masked_gmm's d x: its primitive, which no public op passes a config to) with
 backend= and config= forced, on fresh random inputs (balanced routing; FP8 ops': quantised once, so every candidate
 reads the same FP8 values and scales), several runs of the op in one program for a small key (problem()); every
