@@ -13,7 +13,7 @@ and says where. Timing (jgmm.timing): wall clock around a batch of asynchronous 
 Implementations are timed in rounds, batch by batch, so all see the same clocks (a GPU under full load
 slows down within a second), each round in another of jgmm.timing.balanced_orders' orders: under the power cap a
 batch inherits the clock the one before it left (a fixed order sped jgmm's batches, which always followed torch's,
-by 2.5-4%: session 42). Interleaved batches share one clock, so they show each kernel's work per clock but not its
+by 2.3-4.0%: session 42). Interleaved batches share one clock, so they show each kernel's work per clock but not its
 energy per FLOP (--sustained below does). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only, and
 is timed by a single warm call where one takes more than --ragged-cap seconds.
 --sustained SECONDS adds a second table: each forward and forward+backward (ragged_dot's aside) run back to back for

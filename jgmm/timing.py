@@ -140,7 +140,7 @@ def interleaved_samples(fns, min_batch_s=0.05, batches=7, cap_s=None):
 def balanced_orders(n):
   """Orders of range(n), one a round, in which each i follows each other j equally often (a Williams design: n
   orders for an even n, 2n for an odd n). Under a power cap a batch's speed depends on the one before it: the
-  clock it inherits (session 42: 2.5-4% for the same kernel after torch's batch against after the dense one)."""
+  clock it inherits (session 42: 2.3-4.0% for the same kernel after torch's batch against after the dense one)."""
   first = [0 if j == 0 else (j + 1) // 2 if j % 2 else n - j // 2 for j in range(n)]
   orders = [[(i + shift) % n for i in first] for shift in range(max(n, 1))]
   return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders

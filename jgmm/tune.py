@@ -15,11 +15,11 @@ rejected. The fastest of the rest (by its median over the interleaved rounds: 7 
 portable backend is the fastest, only where it beats the heuristic's config beyond noise (beats(): by more than
 --min-gain in the median of the per-round ratios, and in 70% of the rounds at least) and does so again in a
 confirming round (the two timed afresh: the first verdict picked the luckiest of several, so it cannot confirm
-itself); otherwise the heuristic's config is the entry (so that a table never picks a config slower
-than the heuristic beyond noise, and the key counts as tuned). --sustained-s SECONDS times the final and confirming
-rounds (5 each) with each candidate running alone for SECONDS instead: interleaved batches share one clock, so on a
-GPU at its power cap they rank candidates by work per clock and cannot show which spends less energy per FLOP,
-which a sustained run's clock follows (docs/perf-notes.md, session 42). Results go to
+itself); otherwise the heuristic's config is the entry (so that a table never picks a config slower than the
+heuristic beyond noise, and the key counts as tuned). --sustained-s SECONDS times the final and confirming rounds
+(5 each) with each candidate running alone for SECONDS instead: interleaved batches share one clock, so on a GPU at
+its power cap they rank candidates by work per clock and cannot show which spends less energy per FLOP, which a
+sustained run's clock follows (docs/perf-notes.md, session 42). Results go to
 --output (default: ./<the table name this GPU reads>, e.g. sm90-nvidia_h200.json), rewritten atomically after each
 key: killing the tuner loses no finished key, and rerunning resumes (keys in --output, or with an exact entry in
 the tables select() reads now, are skipped unless --all). Use the file with JGMM_CONFIG_FILES=path, or ship it in
@@ -341,8 +341,9 @@ def beats(fast, slow, min_gain):
 
 
 def _final(worker, key, m, cands, indices, args, report, phase="final"):
-  """{candidate index: result event} of the candidates of `indices` timed interleaved (the worker's final phase)
-  and correct (within --err-ratio of the xla backend); None if the phase failed. Each result is reported."""
+  """{candidate index: result event} of the candidates of `indices` timed by the worker's final phase (interleaved,
+  or sustained with --sustained-s) and correct (within --err-ratio of the xla backend); None if the phase failed.
+  Each result is reported."""
   job = {"phase": "final", "key": key._asdict(), "m": m, "candidates": [cands[i] for i in indices],
          "seconds": args.final_s, "sustained": args.sustained_s}
   bound = args.err_ratio * _unit_roundoff(key)
