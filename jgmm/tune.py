@@ -560,6 +560,8 @@ def parse_args(argv):
     p.error("give --capture, --shape, --model-config or --recheck")
   if args.recheck and (args.capture or args.shape or args.model_config):
     p.error("--recheck takes its keys from the table: no --capture, --shape or --model-config with it")
+  if args.sustained_s < 0:
+    p.error(f"--sustained-s: expected seconds >= 0 (0: interleaved), got {args.sustained_s}")
   return args
 
 

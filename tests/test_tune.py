@@ -296,6 +296,9 @@ class TunerChoiceTest(absltest.TestCase):
       args = tune.parse_args(["--shape", "gmm,64,32,48,4", *argv])
       self.assertEqual(tune._final(worker, self.key, self.m, cands, [0], args, lambda *_: None), {})
       self.assertEqual(jobs[-1]["sustained"], sustained)
+    with mock.patch("sys.stderr", io.StringIO()) as err, self.assertRaises(SystemExit):
+      tune.parse_args(["--shape", "gmm,64,32,48,4", "--sustained-s", "-1"])
+    self.assertIn("--sustained-s: expected seconds >= 0 (0: interleaved), got -1.0", err.getvalue())
 
   def test_xla_wins_where_faster(self):
     entry, _ = self.run_tuner(xla_us=5)
