@@ -4,6 +4,7 @@
 #   bash scripts/gpu.sh            (writes logs and JSON under $OUT when set)
 #   STEPS=tests bash scripts/gpu.sh / STEPS=bench bash scripts/gpu.sh: one half, where one call's time limit
 #   cannot hold both. SUSTAINED=SECONDS: the grouped-GEMM benchmark's --sustained table too (~2.5 minutes more at 1).
+#   SHARD=I/N: every N-th test from the I-th only (tests/sharding.py), so that a suite longer than a call runs in N.
 set -uo pipefail
 out=${OUT:-/tmp/jgmm-out}
 steps=${STEPS:-tests bench}
@@ -14,8 +15,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if [[ $steps == *tests* ]]; then
   # Several test processes share the GPU (tests/conftest.py turns off jax's up-front allocation): one process took
   # more than a call's 10 minutes in session 10, six took 5. Under Triton 3.9 and jax 0.12 (scripts/gpu_triton39.sh)
-  # the suite without test_fuzz took 510 s with TEST_WORKERS=14 on an H200 (session 38): set it there.
-  python -m pytest -q -rf -n "${TEST_WORKERS:-6}" -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -n 25
+  # the suite without test_fuzz took 510-545 s with TEST_WORKERS=14 on an H200 (sessions 38, 43): set it there, with
+  # SHARD=0/2 and SHARD=1/2 in two calls.
+  python -m pytest -q -rf -n "${TEST_WORKERS:-6}" -p no:cacheprovider ${SHARD:+--shard=$SHARD} tests ${PYTEST_ARGS:-} \
+    2>&1 | tee "$out/pytest.log" | tail -n 25
 fi
 if [[ $steps == *bench* ]]; then
   python -m jgmm 2>&1 | tee "$out/demo.log"

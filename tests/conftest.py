@@ -36,3 +36,27 @@ def _interpret_nan_max_with_numpy():
 
 
 _interpret_nan_max_with_numpy()
+
+
+
+def pytest_addoption(parser):
+  parser.addoption("--shard", metavar="I/N", default=None,
+                   help="run only every N-th collected test from the I-th (0 <= I < N): a GPU suite longer than one "
+                        "device call's limit runs as N calls (scripts/gpu.sh: SHARD=I/N)")
+
+
+def pytest_collection_modifyitems(config, items):
+  """--shard I/N (tests/sharding.py); every xdist worker collects in the same order and keeps the same tests."""
+  import pytest
+
+  import sharding
+
+  spec = config.getoption("--shard")
+  if spec is None:
+    return
+  try:
+    kept, dropped = sharding.shard(items, spec)
+  except ValueError as e:
+    raise pytest.UsageError(str(e)) from None
+  config.hook.pytest_deselected(items=dropped)
+  items[:] = kept

@@ -39,6 +39,12 @@ CONFIG_CHOICES = {  # The tables' bf16 forward kernels on the compute-bound case
                   band_tiles=8),
     "gk": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     "gk64": Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2),
+    # Session 43: ws8 and its row-major form on clusters of 2 CTAs, the lhs tile multicast (cluster tile 128 x 512;
+    # Triton >= 3.7, else the one-CTA kernel runs the same config).
+    "ws8c2": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
+                    band_tiles=8, cluster_size=2),
+    "wsc2": Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
+                   cluster_size=2),
 }
 CONFIGS = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else []
 ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 1
