@@ -12,6 +12,9 @@ INTERLEAVE=BATCH_SECONDS: instead of sustained runs, ROUNDS rounds of one batch 
 implementation in turn (jgmm.timing.interleaved_runs, the benchmark's timing at 0.05; SECONDS unused): the clock and
 power each implementation's batches see there, against the sustained runs', and (session 42) each implementation's rate
 by the implementation whose batch ran just before it. ORDER=reverse: the implementations in the opposite order.
+RAGGED=1 (session 43): jax.lax.ragged_dot's forward too, as in the benchmark's interleaved forwards (whose jgmm rate,
+705 TFLOP/s on mixtral on an H200, is well above this script's interleave without it, 620 in session 42, and the
+sustained 605, while torch's is 592-603 in all three: which predecessor gives jgmm its lead there?).
 PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
 and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
 
@@ -51,6 +54,7 @@ ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 DLHS = os.environ.get("PRODUCT", "forward") == "dlhs"
 INTERLEAVE = float(os.environ.get("INTERLEAVE", "0"))
 REVERSE = os.environ.get("ORDER") == "reverse"
+RAGGED = os.environ.get("RAGGED") == "1"
 
 
 def sampler(log):
@@ -96,7 +100,7 @@ if __name__ == "__main__":
                                          inp.group_sizes),
                "dense_dot": functools.partial(dense, inp.dout, inp.w[0])}
     else:
-      impls = {name_: fns[0] for name_, fns in bench._jax_impls(inp).items() if name_ != "ragged_dot"}
+      impls = {name_: fns[0] for name_, fns in bench._jax_impls(inp).items() if RAGGED or name_ != "ragged_dot"}
     for config in CONFIGS:
       f = jax.jit(functools.partial(jgmm.gmm, transpose_rhs=DLHS, config=CONFIG_CHOICES[config]))
       impls[f"jgmm {config}"] = functools.partial(f, inp.dout if DLHS else inp.x, inp.w, inp.group_sizes)
