@@ -38,7 +38,6 @@ def _interpret_nan_max_with_numpy():
 _interpret_nan_max_with_numpy()
 
 
-
 def pytest_addoption(parser):
   parser.addoption("--shard", metavar="I/N", default=None,
                    help="run only every N-th collected test from the I-th (0 <= I < N): a GPU suite longer than one "
