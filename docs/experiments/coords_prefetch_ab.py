@@ -19,11 +19,9 @@ Variants per case and product (forward "fwd", d lhs "dlhs"): "ws8" (the warp-spe
 import functools
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import types
 from unittest import mock
 
 if sys.argv[1:2] == ["compile"]:
@@ -32,18 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
+from band_regions_ab import timed_ms, with_globals
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from jgmm import backend_triton, oracle
 from jgmm.bench import CASES, Inputs, speed_of_light_ms
 from jgmm.config import Config
 from jgmm.ops import group_bounds
-from jgmm.timing import jax_sync, sustained_runs, time_interleaved
+from jgmm.timing import jax_sync
 from jgmm.triton_kernels import gmm_ws
-from jgmm.triton_kernels.common import tile_coords
-from jgmm.triton_kernels.gmm_ws import HALF, release, release_stages, store_half
+from jgmm.triton_kernels.gmm_ws import HALF, store_half
 
 
 @gluon.jit
@@ -53,34 +51,12 @@ def clamped(t, total):
 
 
 @gluon.jit
-def region_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of's first round for tile t: (first row tile, row tiles) of its group's region; zeros with BAND 1 (tensors:
-  loop-carried either way)."""
-  if BAND == 1:
-    return t * 0, t * 0
-  else:
-    return gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n), gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n)
-
-
-@gluon.jit
-def coords_of(schedule_ptr, t, first, count, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of's second round: (group, first row, rows of the group, rows to store, column tile) of tile t, given
-  region_of's (first, count)."""
-  if BAND == 1:
-    r, ni = t // num_n, t % num_n
-  else:
-    i, ni = tile_coords(t - first * num_n, count, num_n, BAND)
-    r = first + i
-  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
-
-
-@gluon.jit
 def consumer_prefetch(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty,
                       K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr,
                       BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr,
                       H: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr):
-  """gmm_ws.consumer (CTAS 1) with the next tiles' coordinates loaded a tile ahead (the module's docstring)."""
+  """gmm_ws.consumer (CTAS 1) with the next tiles' coordinates loaded a tile ahead (the module's docstring): tile_of's
+  two rounds of loads, gmm_ws.region_of and gmm_ws.scheduled_tile, each an iteration before its values are used."""
   gl.static_assert(CTAS == 1, "one-CTA kernel only")
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -91,9 +67,9 @@ def consumer_prefetch(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, e
   pid = gl.program_id(0)
   programs = gl.num_programs(0)
   t0 = clamped(pid, total)
-  first, count = region_of(schedule_ptr, t0, num_n, R_MAX, BAND)
-  g, row0, rows, store_rows, ni = coords_of(schedule_ptr, t0, first, count, num_n, R_MAX, BAND)
-  first, count = region_of(schedule_ptr, clamped(pid + programs, total), num_n, R_MAX, BAND)
+  first, count = gmm_ws.region_of(schedule_ptr, t0, num_n, R_MAX, BAND)
+  _, row0, rows, store_rows, ni = gmm_ws.scheduled_tile(schedule_ptr, t0, first, count, num_n, R_MAX, BAND)
+  first, count = gmm_ws.region_of(schedule_ptr, clamped(pid + programs, total), num_n, R_MAX, BAND)
   step = 0
   for t in range(pid, total, programs):
     row = row0 + H * HALF  # This tile's, before the next one's replace them.
@@ -102,24 +78,12 @@ def consumer_prefetch(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, e
     half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
     col = ni * BLOCK_N
     # The tile after this one (round 2, its region loaded an iteration ago) and the region of the one after it.
-    g, row0, rows, store_rows, ni = coords_of(schedule_ptr, clamped(t + programs, total), first, count, num_n,
-                                              R_MAX, BAND)
-    first, count = region_of(schedule_ptr, clamped(t + 2 * programs, total), num_n, R_MAX, BAND)
-    acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
-    elif tile_rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
+    _, row0, rows, store_rows, ni = gmm_ws.scheduled_tile(schedule_ptr, clamped(t + programs, total), first, count,
+                                                          num_n, R_MAX, BAND)
+    first, count = gmm_ws.region_of(schedule_ptr, clamped(t + 2 * programs, total), num_n, R_MAX, BAND)
+    acc = gmm_ws.tile_product(a_bufs, b_bufs, ready, empty, cluster_empty,
+                              gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout), step, tile_rows,
+                              half_rows, k_steps, S, TRANSPOSE_RHS, H, CTAS)
     if tile_rows > 0:
       step += k_steps
     if half_store > 0:
@@ -127,15 +91,7 @@ def consumer_prefetch(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, e
   tma.store_wait(pendings=0)
 
 
-def with_globals(jit_fn, **names):
-  """A Gluon kernel's Python function compiled again with some of the names it calls bound to others."""
-  fn = jit_fn.fn
-  new = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__)
-  new.__annotations__, new.__module__, new.__qualname__ = fn.__annotations__, fn.__module__, fn.__qualname__
-  return gluon.jit(new)
-
-
-PREFETCH_KERNEL = with_globals(gmm_ws.gmm_ws_kernel, consumer=consumer_prefetch)
+PREFETCH_KERNEL = with_globals(gmm_ws.gmm_ws_kernel, jit=gluon.jit, consumer=consumer_prefetch)
 WS8 = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True, band_tiles=8)
 WS = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True)
 CONFIGS = {"ws8": WS8, "ws": WS}
@@ -245,12 +201,7 @@ if __name__ == "__main__":
     for prod in ("fwd", "dlhs"):
       for label in CONFIGS:
         mine = {name: f for name, f in runs if name.split()[1:3] == [prod, label]}
-        fns = {name: (f, jax_sync) for name, f in mine.items()}
-        if mode == "sustained":
-          ms = {name: statistics.median(run.ms for run in rs)
-                for name, rs in sustained_runs(fns, float(os.environ.get("SECONDS", 2)), rounds=3).items()}
-        else:
-          ms = time_interleaved(fns, min_batch_s=float(os.environ.get("BATCH_S", 0.05)), batches=9)
+        ms = timed_ms({name: (f, jax_sync) for name, f in mine.items()}, mode)
         sol = speed_of_light_ms(*case[1:])
         base = ms[next(iter(ms))]
         rows += [(name, t, 100 * sol / t, base / t) for name, t in ms.items()]
