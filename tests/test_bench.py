@@ -173,6 +173,20 @@ class TimedRunsTest(absltest.TestCase):
     with mock.patch.object(timing, "interleaved_runs", return_value=runs):
       self.assertEqual(timing.interleaved_samples(fns), {name: [r.ms for r in rs] for name, rs in runs.items()})
 
+  def test_bench_case_times_ragged_dot_apart_from_the_interleave(self):
+    """bench_case: the forwards' interleave holds every implementation but ragged_dot, whose batches run in a
+    time_interleaved of their own, after it and with the ragged cap (a batch after ragged_dot's runs faster)."""
+    calls = []
+
+    def recorded(fns, cap_s=None):
+      calls.append((sorted(fns), cap_s))
+      return {name: 1.0 for name in fns}
+
+    with mock.patch.object(bench, "time_interleaved", recorded):
+      result = bench.bench_case("tiny", 64, 32, 48, 3, 0.25, bench.H200_CEILINGS)
+    self.assertEqual(calls, [(["dense_dot", "jgmm"], None), (["ragged_dot"], 0.25), (["dense_dot", "jgmm"], None)])
+    self.assertEqual(sorted(result["impls"]), ["dense_dot", "jgmm", "ragged_dot"])
+
   def test_bench_case_reports_sustained_forward_and_backward_and_prints_them(self):
     """bench_case(sustained_s > 0) on a tiny CPU case: each implementation's sustained forward and forward+backward
     but ragged_dot's; _print_sustained's table and geomean over the torch rows (torch is absent on the CPU: added to
