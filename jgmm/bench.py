@@ -15,7 +15,7 @@ slows down within a second), each round in another of jgmm.timing.balanced_order
 batch inherits the clock the one before it left (a fixed order sped jgmm's batches, which always followed torch's,
 by 2.3-4.0%: session 42). Interleaved batches share one clock, so they show each kernel's work per clock but not its
 energy per FLOP (--sustained below does). jax.lax.ragged_dot does G times the work of a gmm: it runs forward only,
-in batches of its own after the interleave (the batch after one of ragged_dot's ran 9-11% faster, whichever the
+in batches of its own after the interleave (the batch after one of ragged_dot's ran 8-13% faster, whichever the
 implementation: session 44), and is timed by a single warm call where one takes more than --ragged-cap seconds.
 --sustained SECONDS adds a second table: each forward and forward+backward (ragged_dot's aside) run back to back for
 SECONDS after half a second's settling, twice, in reverse order the second time (jgmm.timing.sustained_runs). A GPU
@@ -246,8 +246,8 @@ def bench_case(name, m, k, n, g, ragged_cap_s, ceilings, peer=None, sustained_s=
       forward[impl] = (fwd, sync)
     except Exception as e:  # ragged_dot may run out of memory on the large cases.
       print(f"  {name} {impl}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-  # ragged_dot's batches run apart, after the others': in the interleave each batch after one of ragged_dot's ran
-  # 9-11% faster, whichever the implementation (session 44, docs/experiments/power_clock.py with RAGGED=1).
+  # ragged_dot's batches run apart, after the others': in the interleave a batch after one of ragged_dot's ran 8-13%
+  # faster than after any other, whichever the implementation (session 44, H200: power_clock.py with RAGGED=1).
   fwd_ms = time_interleaved({impl: fns for impl, fns in forward.items() if impl != "ragged_dot"})
   fwd_ms |= time_interleaved({impl: fns for impl, fns in forward.items() if impl == "ragged_dot"}, cap_s=ragged_cap_s)
   fwd_bwd_ms = time_interleaved({impl: (fb, sync) for impl, (_, fb, sync) in impls.items()

@@ -53,13 +53,12 @@ def tile_coords_before(local, m_tiles, N_TILES, GROUP_M: tl.constexpr):
   return first_m + within % band_m, within // band_m
 
 
-def with_globals(jit_fn, jit=triton.jit, **names):
-  """jit_fn's Python function compiled again (by `jit`: gluon.jit for a Gluon kernel) with some of the names it calls
-  bound to others."""
+def with_globals(jit_fn, **names):
+  """jit_fn's Python function compiled again with some of the names it calls bound to others."""
   fn = jit_fn.fn
   new = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__)
   new.__annotations__, new.__module__, new.__qualname__ = fn.__annotations__, fn.__module__, fn.__qualname__
-  return jit(new)
+  return triton.jit(new)
 
 
 def timed_ms(fns, mode):

@@ -14,7 +14,9 @@ power each implementation's batches see there, against the sustained runs', and 
 by the implementation whose batch ran just before it. ORDER=reverse: the implementations in the opposite order.
 RAGGED=1 (session 43): jax.lax.ragged_dot's forward too, as in the benchmark's interleaved forwards (whose jgmm rate,
 705 TFLOP/s on mixtral on an H200, is well above this script's interleave without it, 620 in session 42, and the
-sustained 605, while torch's is 592-603 in all three: which predecessor gives jgmm its lead there?).
+sustained 605, while torch's is 592-603 in all three: which predecessor gives jgmm its lead there?). Session 44: every
+implementation's batch after ragged_dot's ran 8-13% faster than after any other; jgmm.bench now times ragged_dot
+apart.
 PRODUCT=dlhs: the backward's d lhs product (dout @ w[g].T, gmm with transpose_rhs) instead of the forward, the table's
 and each config's, beside the dense product of the same FLOPs (torch's has no such call alone).
 
