@@ -58,31 +58,14 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1,
     rows = gl.minimum(gl.maximum(gl.load(schedule_ptr + g) - first, 0), TILE_M)
     return g, g * MASKED_M + first, rows, gl.minimum(MASKED_M - first, TILE_M), t % num_n
   else:
-    first, count = region_of(schedule_ptr, t, num_n, R_MAX, BAND)
-    return scheduled_tile(schedule_ptr, t, first, count, num_n, R_MAX, BAND)
-
-
-@gluon.jit
-def region_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of's first loads (the schedule's layout) with BAND > 1: the first row tile and the row tiles of the region
-  (a group, or the rows before or after the groups) that holds tile t (row tile t // num_n is among them); zeros
-  with BAND 1, which needs neither (tensors either way, so that a caller may carry them through a loop)."""
-  if BAND == 1:
-    return t * 0, t * 0
-  else:
-    return gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n), gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n)
-
-
-@gluon.jit
-def scheduled_tile(schedule_ptr, t, first, count, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of of the schedule's tile t, given region_of's (first, count) for it."""
-  if BAND == 1:
-    r, ni = t // num_n, t % num_n
-  else:
-    i, ni = tile_coords(t - first * num_n, count, num_n, BAND)
-    r = first + i
-  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
+    if BAND == 1:
+      r, ni = t // num_n, t % num_n
+    else:  # The group of row tile t // num_n: its first row tile and row tiles (tile t is among theirs).
+      first = gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n)
+      i, ni = tile_coords(t - first * num_n, gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n), num_n, BAND)
+      r = first + i
+    return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
+            gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit
@@ -269,38 +252,26 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
-    acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, gl.zeros((HALF, cols), dtype=gl.float32,
-                                                                             layout=acc_layout),
-                       step, rows, half_rows, k_steps, S, TRANSPOSE_RHS, H, CTAS)
+    acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
+    if half_rows > 0:
+      for kk in range(k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        b = b_bufs.index(slot)
+        if TRANSPOSE_RHS:
+          b = b.permute((1, 0))
+        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
+      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+      release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
+    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
+      release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
     if rows > 0:
       step += k_steps
     if half_store > 0:
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
   tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps,
-                 S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr, CTAS: gl.constexpr):
-  """Consumer H's K loop of a tile whose group has `rows` rows in it, `half_rows` in the consumer's half: acc (zeros)
-  plus the products of the k_steps stages from `step` on, each stage released once read (`release`); a half
-  without rows of a tile with rows waits for and releases the same stages (release_stages), so that both consumers'
-  phases stay in step."""
-  if half_rows > 0:
-    for kk in range(k_steps):
-      slot = (step + kk) % S
-      mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-      b = b_bufs.index(slot)
-      if TRANSPOSE_RHS:
-        b = b.permute((1, 0))
-      acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-      acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-      release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
-  elif rows > 0:
-    release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
-  return acc
 
 
 @gluon.jit

@@ -61,16 +61,6 @@ def with_globals(jit_fn, **names):
   return triton.jit(new)
 
 
-def timed_ms(fns, mode):
-  """{label: ms per call} of fns {label: (fn, sync)}: with mode "sustained", each alone for SECONDS (default 2) under
-  the power cap, 3 rounds, their median (jgmm.timing.sustained_runs; interleaved batches share one clock, so they
-  cannot show a variant's energy saving); else interleaved batches of BATCH_S seconds (default 0.05), 9 rounds."""
-  if mode == "sustained":
-    return {label: statistics.median(run.ms for run in runs)
-            for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 2)), rounds=3).items()}
-  return time_interleaved(fns, min_batch_s=float(os.environ.get("BATCH_S", 0.05)), batches=9)
-
-
 GMM_KERNEL_BEFORE = with_globals(gmm_kernels.gmm_kernel, group_tile=with_globals(gmm_kernels.group_tile,
                                                                                  tile_coords=tile_coords_before))
 _row_tiles = backend_triton._row_tiles
@@ -144,7 +134,12 @@ if __name__ == "__main__":
       for label, out in outs.items():
         print(f"{label}: rel diff vs tree {np.linalg.norm(out - ref) / np.linalg.norm(ref):.1e}; "
               f"{next(r[3] for r in mine if r[0] == label)}", flush=True)
-      ms = timed_ms({label: (functools.partial(f, *args), jax_sync) for label, f, args, _ in mine}, mode)
+      fns = {label: (functools.partial(f, *args), jax_sync) for label, f, args, _ in mine}
+      if mode == "sustained":
+        ms = {label: statistics.median(run.ms for run in runs)
+              for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 2)), rounds=3).items()}
+      else:
+        ms = time_interleaved(fns, min_batch_s=float(os.environ.get("BATCH_S", 0.05)), batches=9)
       sol = speed_of_light_ms(*case[1:])
       rows += [(label, t, 100 * sol / t, ms[mine[0][0]] / t) for label, t in ms.items()]
   print(f"\n{device.kind}\n| case product variant | ms | %SOL | speedup vs tree |\n|---|---|---|---|")
