@@ -175,7 +175,8 @@ class TimedRunsTest(absltest.TestCase):
 
   def test_bench_case_times_ragged_dot_apart_from_the_interleave(self):
     """bench_case: the forwards' interleave holds every implementation but ragged_dot, whose batches run in a
-    time_interleaved of their own, after it and with the ragged cap (a batch after ragged_dot's runs faster)."""
+    time_interleaved of their own, after it and with the ragged cap (a batch after ragged_dot's runs faster). The
+    peers in the interleave are the machine's (torch._grouped_mm where torch has a GPU)."""
     calls = []
 
     def recorded(fns, cap_s=None):
@@ -184,8 +185,9 @@ class TimedRunsTest(absltest.TestCase):
 
     with mock.patch.object(bench, "time_interleaved", recorded):
       result = bench.bench_case("tiny", 64, 32, 48, 3, 0.25, bench.H200_CEILINGS)
-    self.assertEqual(calls, [(["dense_dot", "jgmm"], None), (["ragged_dot"], 0.25), (["dense_dot", "jgmm"], None)])
-    self.assertEqual(sorted(result["impls"]), ["dense_dot", "jgmm", "ragged_dot"])
+    others = sorted(set(result["impls"]) - {"ragged_dot"})
+    self.assertContainsSubset(["dense_dot", "jgmm"], others)
+    self.assertEqual(calls, [(others, None), (["ragged_dot"], 0.25), (others, None)])
 
   def test_bench_case_reports_sustained_forward_and_backward_and_prints_them(self):
     """bench_case(sustained_s > 0) on a tiny CPU case: each implementation's sustained forward and forward+backward
