@@ -1,0 +1,245 @@
+"""A/B (issue 17, session 45): gmm_ws_kernel whose consumers store a finished tile under the next tile's first wgmmas.
+
+Session 45 put the warp-specialised forward's largest loss at the tile boundary: the tensor pipe idles ~2600 cycles
+from a tile's last wgmma to the next tile's first (4% of mixtral's 64-step tiles, 8% of dsv3 down's 32-step ones),
+while each consumer converts its 64 x 256 half, stores it to shared memory, fences, issues the TMA store and sets up
+the next tile. Here a consumer converts the finished half to the output dtype in registers (64 registers beside the
+next tile's 128-register accumulator), sets up the next tile, issues its first K step's wgmmas and only then stores
+the held half (gmm_ws.store_half: STSM, fence, TMA store), which runs under those wgmmas. Floor: the stores' and
+fence's part of the boundary (~40% of its once-a-tile samples on mixtral) -> +1-2% (mixtral), +2-3% (down) if the
+stores do not slow the wgmmas they overlap (session 38 saw that in tgmm_ws; the pipe share in grid_l2.sh tells).
+
+The kernel is gmm_ws_kernel with one function changed (deferred_consumer for gmm_ws.consumer; one-CTA only); it is
+launched through backend_triton's own gmm_ws path with gmm_ws.gmm_ws_kernel patched while the call is traced.
+
+    JAX_PLATFORMS=cpu python docs/experiments/deferred_store_ab.py sass     (on the CPU: ptxas's registers, spills and
+        C75xx warnings, and the sequence of HGMMAs (H), wgmma waits (wN), STSM stores (S) and TMA stores (T) of both
+        kernels, mixtral's forward tiling)
+    python docs/experiments/deferred_store_ab.py check                      (GPU: outputs bit-identical to gmm_ws's)
+    python docs/experiments/deferred_store_ab.py time [CASE,...]            (GPU: interleaved, forward and d lhs)
+    [SECONDS=1] python docs/experiments/deferred_store_ab.py sustained [CASE,...]
+"""
+import functools
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+if sys.argv[1:2] == ["sass"]:
+  os.environ["JGMM_TARGET"] = "cuda:90"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from jgmm import backend_triton, config_table
+from jgmm.bench import CASES, Inputs, speed_of_light_ms
+from jgmm.config import Config
+from jgmm.ops import group_bounds
+from jgmm.timing import jax_sync, sustained_runs, time_interleaved
+from jgmm.triton_kernels import gmm_ws
+from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, release_stages, store_half
+
+
+@gluon.jit
+def rhs_tile(b_bufs, slot, TRANSPOSE_RHS: gl.constexpr):
+  """Stage slot's rhs tile as wgmma's (BLOCK_K, BLOCK_N) operand."""
+  b = b_bufs.index(slot)
+  if TRANSPOSE_RHS:
+    b = b.permute((1, 0))
+  return b
+
+
+@gluon.jit
+def store_held(out_ptr, out_desc, c_buf, held, row, col, rows, N: gl.constexpr, BLOCK_N: gl.constexpr,
+               OUT_LAYOUT: gl.constexpr):
+  """The held half (already in the output dtype) to out rows [row, row + rows), if it has rows to store."""
+  if rows > 0:
+    store_half(out_ptr, out_desc, c_buf, held, row, col, rows, N, BLOCK_N, OUT_LAYOUT)
+
+
+@gluon.jit
+def deferred_consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
+                      N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                      S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
+                      BAND: gl.constexpr):
+  """gmm_ws.consumer (one CTA) with each tile's half held in registers, in the output dtype, and stored after the
+  next tile's first K step is issued (or at once where this consumer has no MMAs in the next tile, and at the end);
+  the first step overwrites the accumulator instead of adding to zeros written before it."""
+  acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+  out_dtype: gl.constexpr = out_ptr.dtype.element_ty
+  num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+  k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
+  c_buf = c_bufs.index(H)
+  held = gl.zeros((HALF, BLOCK_N), dtype=out_dtype, layout=acc_layout)
+  held_row = 0
+  held_col = 0
+  held_rows = 0
+  acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+  step = 0
+  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
+    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
+    if half_rows > 0:  # Step 0 overwrites the accumulator (use_acc=False): no zeros to write first.
+      slot = step % S
+      mbarrier.wait(ready.index(slot), (step // S) & 1)
+      acc = warpgroup_mma(a_bufs.index(2 * slot + H), rhs_tile(b_bufs, slot, TRANSPOSE_RHS), acc, use_acc=False,
+                          is_async=True)
+      store_held(out_ptr, out_desc, c_buf, held, held_row, held_col, held_rows, N, BLOCK_N, OUT_LAYOUT)
+      acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # Step 0's wgmmas stay in flight.
+      for kk in range(1, k_steps):
+        slot = (step + kk) % S
+        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+        acc = warpgroup_mma(a_bufs.index(2 * slot + H), rhs_tile(b_bufs, slot, TRANSPOSE_RHS), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((step + kk - 1) % S))  # The previous step's stage.
+      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+      mbarrier.arrive(empty.index((step + k_steps - 1) % S))
+    else:
+      acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)  # Zeros to store, if any.
+      store_held(out_ptr, out_desc, c_buf, held, held_row, held_col, held_rows, N, BLOCK_N, OUT_LAYOUT)
+      if rows > 0:  # The other half has rows: keep in step with the stages it consumes.
+        release_stages(ready, empty, step, k_steps, S)
+    if rows > 0:
+      step += k_steps
+    held = acc.to(out_dtype)
+    held_row = row
+    held_col = ni * BLOCK_N
+    held_rows = half_store
+  store_held(out_ptr, out_desc, c_buf, held, held_row, held_col, held_rows, N, BLOCK_N, OUT_LAYOUT)
+  tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def deferred_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
+                    R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+                    TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
+  """gmm_ws_kernel (same parameters) with deferred_consumer's consumers."""
+  a_bufs, b_bufs, c_bufs, ready, empty = gmm_ws.allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
+  gl.warp_specialize([
+      (deferred_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX, BLOCK_N,
+                           BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND)),
+      (deferred_consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX, BLOCK_N,
+                           BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND)),
+      (gmm_ws.loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
+                       BLOCK_K, S, TRANSPOSE_RHS, BAND, 1)),
+  ], [4, 1], [232, 40])
+
+
+WS8 = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True, band_tiles=8)
+KERNELS = {"ws": gmm_ws.gmm_ws_kernel, "deferred": deferred_kernel}
+
+
+def traced(kernel, lhs, rhs, bounds, transpose, config, lower=False):
+  """backend_triton.gmm (bf16 out) jitted with `config`, gmm_ws_kernel replaced by `kernel` while it is traced and
+  compiled (lower: lowered for CUDA only, on a CPU machine); the jitted call."""
+  f = jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=transpose,
+                                out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=config))
+  with mock.patch.object(gmm_ws, "gmm_ws_kernel", kernel):
+    if lower:
+      f.trace(lhs, rhs, bounds).lower(lowering_platforms=("cuda",))
+    else:
+      jax.block_until_ready(f(lhs, rhs, bounds))
+  return f
+
+
+def sass():
+  """Each kernel compiled for sm_90 at mixtral's forward (bands of 8): ptxas's resources and warnings, and the
+  HGMMA/wait sequence."""
+  import triton
+  from jgmm.ffi import _compile
+  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+  s = jax.ShapeDtypeStruct
+  m, k, n, g = 8192, 4096, 14336, 8
+  for label, kernel in KERNELS.items():
+    _compile._cache.clear()
+    traced(kernel, s((m, k), jnp.bfloat16), s((g, k, n), jnp.bfloat16), s((g + 1,), jnp.int32), False, WS8,
+           lower=True)
+    (compiled,) = _compile._cache.values()
+    with tempfile.TemporaryDirectory() as d:
+      with open(f"{d}/k.ptx", "w") as f:
+        f.write(compiled.asm["ptx"])
+      for tool in ("ptxas", "ptxas-blackwell"):
+        run = subprocess.run([f"{tools}/{tool}", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True)
+        if "Unsupported .version" not in run.stderr:
+          break
+      run.check_returncode()
+      dump = subprocess.run([f"{tools}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
+                            check=True).stdout
+    seq = "".join("H" if "GMMA" in line else "S" if "STSM" in line else "T" if "UTMASTG" in line else
+                  "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1) for line in dump.splitlines()
+                  if any(op in line for op in ("GMMA", "WARPGROUP.DEPBAR", "STSM", "UTMASTG")))
+    print(f"{label}: {compiled.shared_mem_bytes} B shared memory")
+    for line in run.stderr.splitlines():
+      if any(word in line for word in ("Used", "C75", "spill")):
+        print("  ptxas:", re.sub(r"^ptxas(-blackwell)? info\s*: ", "", line)[:160])
+    print("  HGMMA (H) / wgmma wait (wN) / STSM (S) / TMA store (T) sequence:", seq)
+
+
+def check():
+  """deferred_kernel's outputs against gmm_ws_kernel's, bit for bit: empty groups, a group of one row, groups ending
+  mid-tile, both rhs layouts, rows outside the groups (zeros), bands of 1 and 8, a tile count that is not a multiple
+  of the grid."""
+  rng = np.random.default_rng(0)
+  failed = 0
+  for m, k, n, sizes, band in ((512, 128, 256, [0, 200, 1, 0, 250], 1), (1000, 256, 384, [300, 0, 129, 64], 8),
+                               (4096, 512, 1024, [1000, 0, 2000, 37, 600], 8), (640, 64, 256, [640], 1)):
+    g = len(sizes)
+    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    bounds = group_bounds(jnp.asarray(sizes, jnp.int32), None, g, m)
+    config = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, warp_specialized=True,
+                    band_tiles=band)
+    for transpose in (False, True):
+      rhs = jnp.asarray(rng.standard_normal((g, n, k) if transpose else (g, k, n)), jnp.bfloat16)
+      outs = [np.asarray(traced(kernel, lhs, rhs, bounds, transpose, config)(lhs, rhs, bounds), np.float32)
+              for kernel in KERNELS.values()]
+      same = np.array_equal(outs[0], outs[1])
+      failed += not same
+      print(f"m {m} k {k} n {n} sizes {sizes} band {band} transpose {transpose}: "
+            f"{'identical' if same else 'DIFFERENT'}", flush=True)
+  print("PASS" if not failed else f"FAIL ({failed} cases differ)")
+
+
+def timed(mode, names):
+  """Forward and d lhs of each case, both kernels at the table's gmm_ws config (bands of 8 if the table's is not
+  warp-specialised), interleaved (or sustained), ms and speedup over gmm_ws."""
+  device = backend_triton._device()
+  rows = []
+  for name, m, k, n, g in [c for c in CASES if c[0] in names]:
+    inp = Inputs(m, k, n, g)
+    bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
+    for product, lhs, kk, nn, transpose in (("fwd", inp.x, k, n, False), ("dlhs", inp.dout, n, k, True)):
+      key = config_table.make_key("gmm_t" if transpose else "gmm", "bfloat16", "bfloat16", m / g, kk, nn, g,
+                                  transpose=transpose)
+      table = config_table.select(key, arch=device.arch, device_kind=device.kind).config
+      config = table if table.warp_specialized and table.cluster_size == 1 else WS8
+      fns = {label: (functools.partial(traced(kernel, lhs, inp.w, bounds, transpose, config), lhs, inp.w, bounds),
+                     jax_sync) for label, kernel in KERNELS.items()}
+      if mode == "sustained":
+        ms = {label: statistics.median(run.ms for run in runs)
+              for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
+      else:
+        ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
+      sol = speed_of_light_ms(m, kk, nn, g)
+      rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["ws"] / t, config) for label, t in ms.items()]
+  print(f"\n{device.kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws | config |\n|---|---|---|---|---|")
+  for label, t, sol, speedup, config in rows:
+    print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} | b{config.band_tiles} s{config.num_stages} |")
+
+
+if __name__ == "__main__":
+  mode = sys.argv[1]
+  if mode == "sass":
+    sass()
+  elif mode == "check":
+    check()
+  else:
+    timed(mode, sys.argv[2].split(",") if len(sys.argv) > 2 else ["mixtral8x7b-w1", "dsv3-ep8-down"])
