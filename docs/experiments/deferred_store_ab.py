@@ -28,15 +28,9 @@ with gmm_ws.gmm_ws_kernel patched while the call is traced.
 import dataclasses
 import functools
 import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from unittest import mock
-
-if sys.argv[1:2] == ["sass"]:
-  os.environ["JGMM_TARGET"] = "cuda:90"
 
 import jax
 import jax.numpy as jnp
@@ -217,7 +211,7 @@ def traced(label, lhs, rhs, bounds, transpose, config, lower=False):
                                 out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=config))
   whole_buffers_ok = geometry.gmm_ws_ok
 
-  def half_buffers_ok(*args):  # deferred_split_kernel's output buffers: 64 x BLOCK_N / 2 per consumer, not 64 x BLOCK_N.
+  def half_buffers_ok(*args):  # deferred_split_kernel's output buffers: 64 x BLOCK_N / 2 a consumer, not x BLOCK_N.
     *rest, block_n, block_k, num_stages, shared_memory = args
     return whole_buffers_ok(*rest, block_n, block_k, num_stages, shared_memory + 64 * block_n * 2)
 
@@ -232,11 +226,11 @@ def traced(label, lhs, rhs, bounds, transpose, config, lower=False):
 
 
 def sass():
-  """Each kernel compiled for sm_90 at mixtral's forward (bands of 8): ptxas's resources and warnings, and the
-  HGMMA/wait sequence."""
-  import triton
+  """Each kernel compiled for sm_90 at mixtral's forward (bands of 8): sass_wgmma.report's lines, stores too."""
+  os.environ["JGMM_TARGET"] = "cuda:90"  # Lowered for sm_90 on a CPU machine (backend_triton reads it per call).
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import sass_wgmma  # pylint: disable=import-outside-toplevel
   from jgmm.ffi import _compile
-  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
   s = jax.ShapeDtypeStruct
   m, k, n, g = 8192, 4096, 14336, 8
   for label in KERNELS:
@@ -244,25 +238,7 @@ def sass():
     traced(label, s((m, k), jnp.bfloat16), s((g, k, n), jnp.bfloat16), s((g + 1,), jnp.int32), False, WS8,
            lower=True)
     (compiled,) = _compile._cache.values()
-    with tempfile.TemporaryDirectory() as d:
-      with open(f"{d}/k.ptx", "w") as f:
-        f.write(compiled.asm["ptx"])
-      for tool in ("ptxas", "ptxas-blackwell"):
-        run = subprocess.run([f"{tools}/{tool}", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True)
-        if "Unsupported .version" not in run.stderr:
-          break
-      run.check_returncode()
-      dump = subprocess.run([f"{tools}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
-                            check=True).stdout
-    seq = "".join("H" if "GMMA" in line else "S" if "STSM" in line else "T" if "UTMASTG" in line else
-                  "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1) for line in dump.splitlines()
-                  if any(op in line for op in ("GMMA", "WARPGROUP.DEPBAR", "STSM", "UTMASTG")))
-    print(f"{label}: {compiled.shared_mem_bytes} B shared memory")
-    for line in run.stderr.splitlines():
-      if any(word in line for word in ("Used", "C75", "spill")):
-        print("  ptxas:", re.sub(r"^ptxas(-blackwell)? info\s*: ", "", line)[:160])
-    print("  HGMMA (H) / wgmma wait (wN) / STSM (S) / TMA store (T) sequence:", seq)
+    sass_wgmma.report(label, compiled, *sass_wgmma.assemble(compiled), stores=True)
 
 
 def check():
@@ -311,7 +287,8 @@ def timed(mode, names):
         ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
       sol = speed_of_light_ms(m, kk, nn, g)
       rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["ws"] / t, config) for label, t in ms.items()]
-  print(f"\n{device.kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws | config |\n|---|---|---|---|---|")
+  print(f"\n{device.kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws | config |\n"
+        "|---|---|---|---|---|")
   for label, t, sol, speedup, config in rows:
     print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} | b{config.band_tiles} s{config.num_stages} |")
 

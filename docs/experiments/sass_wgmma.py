@@ -27,47 +27,16 @@ from jgmm.config import Config
 from jgmm.ffi import _compile
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-m, k, n, g = 32768, 2048, 1536, 128
-s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
-for arg in sys.argv[1:]:
-  _compile._cache.clear()
-  if arg.startswith("fp8:tgmm"):
-    f8, fk, fn, fm, fg = jnp.float8_e4m3fn, 7168, 4096, 32768, 32
-    config = Config(block_m=128, block_n=int((arg.split(":")[2:] or [256])[0]), block_k=128, num_stages=3,
-                    warp_specialized=True)
-    jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=dt,
-                                               config=config)).trace(
-        s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fk, fm // 128), jnp.float32),
-        s((fn, fm // 128), jnp.float32)).lower(lowering_platforms=("cuda",))
-  elif arg.startswith("tgmm"):
-    block_n, stages, *bias = (arg.split(":")[1:] or ["256", "3"])
-    config = Config(block_m=128, block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
-                    warp_specialized=True)
-    jax.jit(lambda *a: backend_triton.tgmm(*a, None, transpose_lhs=True, out_dtype=dt, bias_grad=bool(bias),
-                                           config=config)).trace(
-        s((32768, 7168), dt), s((32768, 4096), dt), s((33,), jnp.int32)).lower(lowering_platforms=("cuda",))
-  elif arg.startswith("fp8:"):
-    block_m, block_n, stages, fk = map(int, arg.split(":")[2:] or (128, 128, 4, 7168))
-    blocks, f8, fg, fm, fn = arg.startswith("fp8:blocks"), jnp.float8_e4m3fn, 4, 1024, 4096
-    config = Config(block_m=block_m, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
-    jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=dt, expected_m=None, config=config)).trace(
-        s((fg, fm, fk), f8), s((fg, fn, fk), f8), s((fg,), jnp.int32),
-        s((fg, fm, fk // 128) if blocks else (fg, fm), jnp.float32),
-        s((fg, fn // 128, fk // 128) if blocks else (fg, fn), jnp.float32)).lower(lowering_platforms=("cuda",))
-  else:
-    block_m, block_n, stages, layout = arg.split(":")
-    tr = layout == "t"
-    config = Config(block_m=int(block_m), block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
-                    warp_specialized=True)
-    jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=tr, out_dtype=dt, activation=None,
-                                               save_preactivation=False, config=config)).trace(
-        s((m, k), dt), s((g, n, k) if tr else (g, k, n), dt), s((g + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
-  (compiled,) = _compile._cache.values()
+
+
+def assemble(compiled, ptx_name=None):
+  """(ptxas -v's report, the SASS) of a compiled kernel's PTX for sm_90a (PTX_DIR: the PTX also written there, as
+  ptx_name.ptx)."""
   with tempfile.TemporaryDirectory() as d:
     with open(f"{d}/k.ptx", "w") as f:
       f.write(compiled.asm["ptx"])
-    if os.environ.get("PTX_DIR"):
-      with open(os.path.join(os.environ["PTX_DIR"], arg.replace(":", "_") + ".ptx"), "w") as f:
+    if os.environ.get("PTX_DIR") and ptx_name:
+      with open(os.path.join(os.environ["PTX_DIR"], ptx_name + ".ptx"), "w") as f:
         f.write(compiled.asm["ptx"])
     for tool in ("ptxas", "ptxas-blackwell"):
       run = subprocess.run([f"{BIN}/{tool}", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
@@ -75,13 +44,60 @@ for arg in sys.argv[1:]:
       if "Unsupported .version" not in run.stderr:
         break
     run.check_returncode()
-    ptxas = run.stderr
-    sass = subprocess.run([f"{BIN}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True, text=True,
-                          check=True).stdout
-  seq = "".join("H" if "GMMA" in line else "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
-                for line in sass.splitlines() if "GMMA" in line or "WARPGROUP.DEPBAR" in line)
-  print(f"{arg}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
+    return run.stderr, subprocess.run([f"{BIN}/cuobjdump", "--dump-sass", f"{d}/k.cubin"], capture_output=True,
+                                      text=True, check=True).stdout
+
+
+def report(label, compiled, ptxas, sass, stores=False):
+  """Prints the kernel's warps and shared memory, ptxas's resource lines and C75xx warnings, and its sequence of
+  HGMMAs (H) and wgmma waits (wN); with stores, also its STSMs (S) and TMA stores (T)."""
+  ops = ("GMMA", "WARPGROUP.DEPBAR") + (("STSM", "UTMASTG") if stores else ())
+  seq = "".join("H" if "GMMA" in line else "S" if "STSM" in line else "T" if "UTMASTG" in line else
+                "w" + re.search(r"gsb0, 0x([0-9a-f]+)", line).group(1)
+                for line in sass.splitlines() if any(op in line for op in ops))
+  print(f"{label}: {compiled.num_warps} warps, {compiled.shared_mem_bytes} B shared memory")
   for line in ptxas.splitlines():
     if any(word in line for word in ("Used", "C75", "spill")):
       print("  ptxas:", re.sub(r"^ptxas(-blackwell)? info\s*: ", "", line)[:160])
-  print("  HGMMA/wait sequence:", seq)
+  print(f"  {'HGMMA/wait/STSM/TMA-store' if stores else 'HGMMA/wait'} sequence:", seq)
+
+
+if __name__ == "__main__":
+  m, k, n, g = 32768, 2048, 1536, 128
+  s, dt = jax.ShapeDtypeStruct, jnp.bfloat16
+  for arg in sys.argv[1:]:
+    _compile._cache.clear()
+    if arg.startswith("fp8:tgmm"):
+      f8, fk, fn, fm, fg = jnp.float8_e4m3fn, 7168, 4096, 32768, 32
+      config = Config(block_m=128, block_n=int((arg.split(":")[2:] or [256])[0]), block_k=128, num_stages=3,
+                      warp_specialized=True)
+      jax.jit(lambda *a: backend_triton.tgmm_fp8(*a, transpose_lhs=False, transpose_rhs=True, out_dtype=dt,
+                                                 config=config)).trace(
+          s((fk, fm), f8), s((fn, fm), f8), s((fg + 1,), jnp.int32), s((fk, fm // 128), jnp.float32),
+          s((fn, fm // 128), jnp.float32)).lower(lowering_platforms=("cuda",))
+    elif arg.startswith("tgmm"):
+      block_n, stages, *bias = (arg.split(":")[1:] or ["256", "3"])
+      config = Config(block_m=128, block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
+                      warp_specialized=True)
+      jax.jit(lambda *a: backend_triton.tgmm(*a, None, transpose_lhs=True, out_dtype=dt, bias_grad=bool(bias),
+                                             config=config)).trace(
+          s((32768, 7168), dt), s((32768, 4096), dt), s((33,), jnp.int32)).lower(lowering_platforms=("cuda",))
+    elif arg.startswith("fp8:"):
+      block_m, block_n, stages, fk = map(int, arg.split(":")[2:] or (128, 128, 4, 7168))
+      blocks, f8, fg, fm, fn = arg.startswith("fp8:blocks"), jnp.float8_e4m3fn, 4, 1024, 4096
+      config = Config(block_m=block_m, block_n=block_n, block_k=128, num_stages=stages, warp_specialized=True)
+      jax.jit(lambda *a: backend_triton.masked_gmm_fp8(*a, out_dtype=dt, expected_m=None, config=config)).trace(
+          s((fg, fm, fk), f8), s((fg, fn, fk), f8), s((fg,), jnp.int32),
+          s((fg, fm, fk // 128) if blocks else (fg, fm), jnp.float32),
+          s((fg, fn // 128, fk // 128) if blocks else (fg, fn), jnp.float32)).lower(lowering_platforms=("cuda",))
+    else:
+      block_m, block_n, stages, layout = arg.split(":")
+      tr = layout == "t"
+      config = Config(block_m=int(block_m), block_n=int(block_n), block_k=64, num_warps=8, num_stages=int(stages),
+                      warp_specialized=True)
+      jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=tr, out_dtype=dt, activation=None,
+                                                 save_preactivation=False, config=config)).trace(
+          s((m, k), dt), s((g, n, k) if tr else (g, k, n), dt), s((g + 1,), jnp.int32)).lower(
+              lowering_platforms=("cuda",))
+    (compiled,) = _compile._cache.values()
+    report(arg, compiled, *assemble(compiled, arg.replace(":", "_")))
