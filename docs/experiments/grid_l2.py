@@ -2,7 +2,7 @@
 mixtral and dsv3 down, gmm_ws's tensor pipe idles 7-11% of its SMs' active cycles where cuBLAS's dense product of
 the same FLOPs idles 1-3%, while gmm_ws moves 30% more L2 bytes a second (77% of the L2's peak against 57%), and its
 consumers wait for their stages' bytes a third of their time. Here the same kernel and config (the table's) runs on
-fewer SMs (persistent grids of 132, 88 and 44 programs), which takes load off the L2 but leaves each SM's pipeline as
+fewer SMs (persistent grids of 132, 88 and 44 programs by default), which takes load off the L2 but leaves each SM's pipeline as
 it is: if the pipe's share of an active SM's cycles rises as the grid shrinks, the L2 under load holds it back; if it
 stays, the SM's own pipeline (stages, epilogue, barriers) does. Each kernel runs once, after a warm-up, between
 cudaProfilerStart/Stop, for `ncu --profile-from-start off` (grid_l2.sh).

@@ -5,8 +5,8 @@
 #   bash docs/experiments/grid_l2.sh [CASE,...] [GRID,...]     (jgmm installed: pip install --no-deps -e .)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.sum,sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,launch__grid_size
-ncu --clock-control base --profile-from-start off -k regex:"gmm_ws|gmm_kernel" --metrics $metrics --csv --print-units base \
-  python docs/experiments/grid_l2.py "$@" > $OUT/grid_l2.csv 2> $OUT/grid_l2.err
+ncu --clock-control base --profile-from-start off -k regex:"gmm_ws|gmm_kernel" --metrics $metrics --csv \
+  --print-units base python docs/experiments/grid_l2.py "$@" > $OUT/grid_l2.csv 2> $OUT/grid_l2.err
 grep -i "FMA\|profiled\|error" $OUT/grid_l2.csv $OUT/grid_l2.err | head -20
 python - <<'P'
 import csv, os, re
@@ -22,6 +22,7 @@ for name, (i, v) in zip(names, sorted(by.items(), key=lambda x: int(x[0]))):
   grid = v["launch__grid_size"]
   per_prog = v["sm__cycles_active.sum"] / grid
   share = fma[name] / (v["sm__cycles_active.sum"] * 2048)
-  print(f"| {name} | {grid:.0f} | {v['gpu__time_duration.sum'] / 1e3:.0f} | {v['sm__cycles_elapsed.avg.per_second'] / 1e9:.2f} "
-        f"| {v['sm__cycles_elapsed.max']:.0f} | {per_prog:.0f} | {100 * share:.1f}% | {v['lts__t_bytes.sum.per_second'] / 1e12:.2f} |")
+  us, ghz = v["gpu__time_duration.sum"] / 1e3, v["sm__cycles_elapsed.avg.per_second"] / 1e9
+  print(f"| {name} | {grid:.0f} | {us:.0f} | {ghz:.2f} | {v['sm__cycles_elapsed.max']:.0f} | {per_prog:.0f} "
+        f"| {100 * share:.1f}% | {v['lts__t_bytes.sum.per_second'] / 1e12:.2f} |")
 P
