@@ -24,6 +24,8 @@ with gmm_ws.gmm_ws_kernel patched while the call is traced.
     python docs/experiments/deferred_store_ab.py check                      (GPU: outputs bit-identical to gmm_ws's)
     python docs/experiments/deferred_store_ab.py time [CASE,...]            (GPU: interleaved, forward and d lhs)
     [SECONDS=1] python docs/experiments/deferred_store_ab.py sustained [CASE,...]
+    SCRIPT=docs/experiments/deferred_store_ab.py bash docs/experiments/grid_l2.sh ncu [CASE,...]   (GPU: the tensor
+        pipe's share of active cycles of each kernel, ncu with clocks locked)
 """
 import dataclasses
 import functools
@@ -265,12 +267,13 @@ def check():
   print("PASS" if not failed else f"FAIL ({failed} cases differ)")
 
 
-def timed(mode, names):
-  """Forward and d lhs of each case, both kernels at the table's gmm_ws config (bands of 8 if the table's is not
-  warp-specialised), interleaved (or sustained), ms and speedup over gmm_ws."""
+def calls(names):
+  """(case, product, kernel label, call) for the forward ("fwd") and d lhs ("dlhs") of each named case and each
+  kernel, at the table's gmm_ws config (bands of 8 where the table's is not the one-CTA warp-specialised kernel),
+  compiled."""
   device = backend_triton._device()
-  rows = []
-  for name, m, k, n, g in [c for c in CASES if c[0] in names]:
+  for case in [c for c in CASES if c[0] in names]:
+    name, m, k, n, g = case
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
     for product, lhs, kk, nn, transpose in (("fwd", inp.x, k, n, False), ("dlhs", inp.dout, n, k, True)):
@@ -278,26 +281,57 @@ def timed(mode, names):
                                   transpose=transpose)
       table = config_table.select(key, arch=device.arch, device_kind=device.kind).config
       config = table if table.warp_specialized and table.cluster_size == 1 else WS8
-      fns = {label: (functools.partial(traced(label, lhs, inp.w, bounds, transpose, config), lhs, inp.w, bounds),
-                     jax_sync) for label in KERNELS}
-      if mode == "sustained":
-        ms = {label: statistics.median(run.ms for run in runs)
-              for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
-      else:
-        ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
-      sol = speed_of_light_ms(m, kk, nn, g)
-      rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["ws"] / t, config) for label, t in ms.items()]
-  print(f"\n{device.kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws | config |\n"
-        "|---|---|---|---|---|")
-  for label, t, sol, speedup, config in rows:
-    print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} | b{config.band_tiles} s{config.num_stages} |")
+      for label in KERNELS:
+        yield case, product, label, functools.partial(traced(label, lhs, inp.w, bounds, transpose, config), lhs,
+                                                      inp.w, bounds)
+
+
+def timed(mode, names):
+  """calls' kernels interleaved (or sustained, each alone), per case and product: ms and speedup over gmm_ws."""
+  groups = {}
+  for (name, m, k, n, g), product, label, call in calls(names):
+    groups.setdefault((name, m, k, n, g, product), {})[label] = (call, jax_sync)
+  rows = []
+  for (name, m, k, n, g, product), fns in groups.items():
+    if mode == "sustained":
+      ms = {label: statistics.median(run.ms for run in runs)
+            for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
+    else:
+      ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
+    kk, nn = (n, k) if product == "dlhs" else (k, n)
+    sol = speed_of_light_ms(m, kk, nn, g)
+    rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["ws"] / t) for label, t in ms.items()]
+  print(f"\n{backend_triton._device().kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws |\n"
+        "|---|---|---|---|")
+  for label, t, sol, speedup in rows:
+    print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} |")
+
+
+def profiled(names):
+  """Each kernel's forward and d lhs of each case once, between cudaProfilerStart/Stop, in grid_l2.py's output
+  lines (for grid_l2.sh's table of the tensor pipe's share of active cycles)."""
+  import torch  # pylint: disable=import-outside-toplevel  (its runtime's profiler switch covers the process)
+  runs = []
+  for (name, m, k, n, _), product, label, call in calls(names):
+    runs.append((name, product, label, call))
+    print(f"{name}: {m * k * n} FMA", flush=True)
+  torch.cuda.synchronize()
+  torch.cuda.cudart().cudaProfilerStart()
+  for *_, call in runs:
+    jax.block_until_ready(call())
+  torch.cuda.cudart().cudaProfilerStop()
+  for i, (name, product, label, _) in enumerate(runs):
+    print(f"profiled {i}: {name} {product} {label}")
 
 
 if __name__ == "__main__":
   mode = sys.argv[1]
+  cases = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mixtral8x7b-w1", "dsv3-ep8-down"]
   if mode == "sass":
     sass()
   elif mode == "check":
     check()
+  elif mode == "ncu":
+    profiled(cases)
   else:
-    timed(mode, sys.argv[2].split(",") if len(sys.argv) > 2 else ["mixtral8x7b-w1", "dsv3-ep8-down"])
+    timed(mode, cases)
