@@ -60,15 +60,6 @@ def rhs_tile(b_bufs, slot, TRANSPOSE_RHS: gl.constexpr):
 
 
 @gluon.jit
-def store_held(out_ptr, out_desc, c_buf, held, row, col, rows, N: gl.constexpr, BOX_N: gl.constexpr,
-               OUT_LAYOUT: gl.constexpr):
-  """held (64, BOX_N), already in the output dtype, to out rows [row, row + rows) from column col, if it has rows to
-  store (gmm_ws.store_half through c_buf (64, BOX_N))."""
-  if rows > 0:
-    store_half(out_ptr, out_desc, c_buf, held, row, col, rows, N, BOX_N, OUT_LAYOUT)
-
-
-@gluon.jit
 def column_half(x, UPPER: gl.constexpr):
   """Columns [0, n / 2) (or [n / 2, n) where UPPER) of x (rows, n). In a wgmma accumulator's layout every thread
   holds columns all along n, so this moves no data between threads (session 19's store_quarters, cf37df9)."""
@@ -79,12 +70,15 @@ def column_half(x, UPPER: gl.constexpr):
 @gluon.jit
 def store_part(out_ptr, out_desc, c_buf, held, row, col, rows, N: gl.constexpr, BLOCK_N: gl.constexpr,
                OUT_LAYOUT: gl.constexpr, SPLIT: gl.constexpr, PART: gl.constexpr):
-  """Part PART of the held half: all of it (SPLIT 1), or its columns' lower or upper half (SPLIT 2, PART 0 or 1)."""
-  if SPLIT == 1:
-    store_held(out_ptr, out_desc, c_buf, held, row, col, rows, N, BLOCK_N, OUT_LAYOUT)
-  else:
-    store_held(out_ptr, out_desc, c_buf, column_half(held, PART), row, col + PART * (BLOCK_N // 2), rows, N,
-               BLOCK_N // 2, OUT_LAYOUT)
+  """Part PART of the held half (64, BLOCK_N), already in the output dtype, to out rows [row, row + rows) if it has
+  rows to store (gmm_ws.store_half through c_buf): all of it (SPLIT 1), or its columns' lower or upper half (SPLIT
+  2, PART 0 or 1)."""
+  if rows > 0:
+    if SPLIT == 1:
+      store_half(out_ptr, out_desc, c_buf, held, row, col, rows, N, BLOCK_N, OUT_LAYOUT)
+    else:
+      store_half(out_ptr, out_desc, c_buf, column_half(held, PART), row, col + PART * (BLOCK_N // 2), rows, N,
+                 BLOCK_N // 2, OUT_LAYOUT)
 
 
 @gluon.jit
