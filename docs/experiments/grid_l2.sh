@@ -6,6 +6,7 @@
 # SCRIPT=another script with grid_l2.py's output lines ("CASE: FMA FMA, ...", "profiled I: CASE LABEL", its kernels
 # run once each between cudaProfilerStart/Stop): the same table of its kernels, e.g.
 #   SCRIPT=docs/experiments/consumer_skew_ab.py bash docs/experiments/grid_l2.sh ncu [CASE,...]
+#   (session 46's A/B, removed: git show d20cb15:docs/experiments/consumer_skew_ab.py)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.sum,sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,launch__grid_size
 ncu --clock-control base --profile-from-start off -k regex:"gmm_ws|gmm_kernel|deferred" --metrics $metrics --csv \
