@@ -252,26 +252,38 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
-    acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
-    if half_rows > 0:
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
-    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
+    acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, gl.zeros((HALF, cols), dtype=gl.float32,
+                                                                             layout=acc_layout),
+                       step, rows, half_rows, k_steps, S, TRANSPOSE_RHS, H, CTAS)
     if rows > 0:
       step += k_steps
     if half_store > 0:
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
   tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps,
+                 S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr, CTAS: gl.constexpr):
+  """Consumer H's K loop of a tile whose group has `rows` rows in it, `half_rows` in the consumer's half: acc (zeros)
+  plus the products of the k_steps stages from `step` on, each stage released once read (`release`); a half
+  without rows of a tile with rows waits for and releases the same stages (release_stages), so that both consumers'
+  phases stay in step."""
+  if half_rows > 0:
+    for kk in range(k_steps):
+      slot = (step + kk) % S
+      mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
+      b = b_bufs.index(slot)
+      if TRANSPOSE_RHS:
+        b = b.permute((1, 0))
+      acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
+      acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+      release(empty, cluster_empty, (step + kk + S - 1) % S, kk > 0, CTAS)  # The previous step's stage.
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    release(empty, cluster_empty, (step + k_steps - 1) % S, True, CTAS)
+  elif rows > 0:
+    release_stages(ready, empty, step, k_steps, S, cluster_empty, CTAS)
+  return acc
 
 
 @gluon.jit

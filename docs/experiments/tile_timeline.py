@@ -2,18 +2,18 @@
 
 Session 45 fitted ~2600 cycles lost per tile boundary of the warp-specialised forward; three experiments that should
 have moved that (held stores, four stages, consumers started apart: sessions 45-46) moved the wall time by nothing.
-This reads the boundary off the kernel itself: gmm_ws_kernel with its consumers writing %clock64 at five points of
+This reads the boundary off the kernel itself: gmm_ws_kernel with its consumers writing %clock at five points of
 each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same descriptors, schedule, grid):
   0 the loop's top (the tile's turn)           1 its coordinates read (consumer_tile)
   2 its first stage's bytes landed (the first wgmma can issue)   3 its last wgmma done (warpgroup_mma_wait(0))
   4 its half's TMA store issued (gmm_ws.store_half)
-and LAG > 0 starts consumer 1 LAG steps after consumer 0 (consumer_skew_ab's one-time mbarrier, d20cb15). Per case
-and LAG, over every program's tiles (both consumers), it prints the cycles of each phase, the lag between the
-consumers' ends of a tile, and the share of a program's span in which neither consumer is between 2 and 3 (the
-tensor pipe surely idle: the boundary as the kernel lives it; idling inside the K loop is not counted).
+and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
+each phase, the lag between the consumers' ends of a tile, and the share of the programs' spans in which neither
+consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling inside the K
+loop is not counted). Session 46's first version (21c09fe) could also start consumer 1 LAG steps late.
 
     python docs/experiments/tile_timeline.py [CASE,...]     (GPU; default mixtral8x7b-w1,dsv3-ep8-down, forward)
-    JAX_PLATFORMS=cpu python docs/experiments/tile_timeline.py lower   (CPU: lowers both kernels for sm_90)
+    JAX_PLATFORMS=cpu python docs/experiments/tile_timeline.py lower   (CPU: lowers it for sm_90: registers, spills)
 """
 import os
 import sys
@@ -23,17 +23,16 @@ import jax.numpy as jnp
 import numpy as np
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 import jgmm
 from jgmm import backend_triton, ffi
 from jgmm.bench import CASES, Inputs
 from jgmm.ops import group_bounds
 from jgmm.triton_kernels import geometry, gmm_ws
-from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, release_stages, store_half
+from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, store_half
 
 POINTS = 5  # Timestamps a consumer writes per tile (the module docstring's 0-4).
-LAGS = [int(lag) for lag in os.environ.get("LAGS", "0,2").split(",")]
 
 
 @gluon.jit
@@ -44,12 +43,13 @@ def clock():
 
 
 @gluon.jit
-def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, skew, K: gl.constexpr,
+def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
                    N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
-                   BAND: gl.constexpr, LAG: gl.constexpr, TILES: gl.constexpr):
+                   BAND: gl.constexpr, TILES: gl.constexpr):
   """gmm_ws.consumer (one CTA) writing the clock at the docstring's five points of each tile to trace_ptr
-  (programs, TILES + 1, 2 consumers, POINTS) int32 (row TILES: the consumer's entry at 0, its exit at 4); consumer 1 starting LAG steps after consumer 0 where LAG > 0."""
+  (programs, TILES + 1, 2 consumers, POINTS) int32 (row TILES: the consumer's entry at 0,
+  its exit at 4)."""
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -57,8 +57,6 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
   ends = trace_ptr + ((gl.program_id(0) * (TILES + 1) + TILES) * 2 + H) * 5  # The entry's and exit's row.
   gl.store(ends, clock())
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
-  if LAG > 0 and H == 1:
-    mbarrier.wait(skew, 0)
   step = 0
   i = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
@@ -68,23 +66,10 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
     gl.store(point + 1, clock())
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
-      mbarrier.wait(ready.index(step % S), (step // S) & 1)  # The loop's own wait on it then passes at once.
+      mbarrier.wait(ready.index(step % S), (step // S) & 1)  # tile_product's own wait on it then passes at once.
       gl.store(point + 2, clock())
-      for kk in range(k_steps):
-        slot = (step + kk) % S
-        mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-        b = b_bufs.index(slot)
-        if TRANSPOSE_RHS:
-          b = b.permute((1, 0))
-        acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-        if LAG > 0 and H == 0:
-          mbarrier.arrive(skew, pred=step + kk == LAG)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        mbarrier.arrive(empty.index((step + kk + S - 1) % S), pred=kk > 0)  # The previous step's stage.
-      acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-      mbarrier.arrive(empty.index((step + k_steps - 1) % S))
-    elif rows > 0:  # The other half has rows: keep in step with the stages it consumes.
-      release_stages(ready, empty, step, k_steps, S)
+    acc = gmm_ws.tile_product(a_bufs, b_bufs, ready, empty, empty, acc, step, rows, half_rows, k_steps, S,
+                              TRANSPOSE_RHS, H, 1)
     gl.store(point + 3, clock())
     if rows > 0:
       step += k_steps
@@ -92,8 +77,6 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
       store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_store, N, BLOCK_N, OUT_LAYOUT)
     gl.store(point + 4, clock())
     i += 1
-  if LAG > 0 and H == 0:
-    mbarrier.arrive(skew, pred=step <= LAG)  # Its steps never reached step LAG: release consumer 1.
   tma.store_wait(pendings=0)
   gl.store(ends + 4, clock())
 
@@ -101,23 +84,21 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
 @gluon.jit
 def timeline_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, trace_ptr, K: gl.constexpr, N: gl.constexpr,
                     R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                    TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, LAG: gl.constexpr,
+                    TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr,
                     TILES: gl.constexpr):
-  """gmm_ws_kernel (its parameters, the trace's pointer and LAG, TILES added) with timed_consumer's consumers."""
+  """gmm_ws_kernel (its parameters, the trace's pointer and TILES added) with timed_consumer's consumers."""
   a_bufs, b_bufs, c_bufs, ready, empty = gmm_ws.allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
-  skew = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-  mbarrier.init(skew.index(0), count=1)
   gl.warp_specialize([
-      (timed_consumer, (schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, skew.index(0), K,
-                        N, R_MAX, BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, LAG, TILES)),
-      (timed_consumer, (schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, skew.index(0), K,
-                        N, R_MAX, BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, LAG, TILES)),
+      (timed_consumer, (schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                        BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, TILES)),
+      (timed_consumer, (schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K, N, R_MAX,
+                        BLOCK_N, BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, TILES)),
       (gmm_ws.loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
                        BLOCK_K, S, TRANSPOSE_RHS, BAND, 1)),
   ], [4, 1], [232, 40])
 
 
-def timeline(lhs, rhs, bounds, lag, programs, block_n=256, block_k=64, stages=3, band=8):
+def timeline(lhs, rhs, bounds, programs, block_n=256, block_k=64, stages=3, band=8):
   """(out (M, N) bf16, trace (programs, TILES + 1, 2, POINTS) int32, 0 where a program ran fewer tiles; the last row: each consumer's
   entry (point 0) and exit (point 4)): timeline_kernel
   launched as backend_triton._gmm_ws launches gmm_ws_kernel (forward, one CTA)."""
@@ -134,7 +115,7 @@ def timeline(lhs, rhs, bounds, lag, programs, block_n=256, block_k=64, stages=3,
                                          jax.ShapeDtypeStruct((programs, tiles + 1, 2, POINTS), jnp.int32)],
       zeroed_outputs=(1,), grid=(programs,), num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG,
       name="jgmm_tile_timeline", K=k, N=n, R_MAX=row_tiles, BLOCK_N=block_n, BLOCK_K=block_k, S=stages,
-      TRANSPOSE_RHS=False, OUT_LAYOUT=gmm_ws.shared_layout(out_block, "bfloat16"), BAND=band, LAG=lag, TILES=tiles)
+      TRANSPOSE_RHS=False, OUT_LAYOUT=gmm_ws.shared_layout(out_block, "bfloat16"), BAND=band, TILES=tiles)
   return out, trace
 
 
@@ -186,13 +167,12 @@ def main(names):
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
     ref = np.asarray(jgmm.gmm(inp.x, inp.w, jnp.asarray(inp.sizes)), np.float32)  # The table's gmm_ws, bands of 8.
-    for lag in LAGS:
-      out, trace = timeline(inp.x, inp.w, bounds, lag, device.num_sms)
-      out, trace = timeline(inp.x, inp.w, bounds, lag, device.num_sms)  # The second launch: warm.
-      same = np.array_equal(np.asarray(out, np.float32), ref)
-      print(f"\n{device.kind}, {name} forward, LAG {lag}, bands of 8, 3 stages; output equal to gmm's: {same}\n"
-            "| phase (cycles) | median | 10% | 90% |\n|---|---|---|---|")
-      summary(np.asarray(trace), k // 64)
+    out, trace = timeline(inp.x, inp.w, bounds, device.num_sms)
+    out, trace = timeline(inp.x, inp.w, bounds, device.num_sms)  # The second launch: warm.
+    same = np.array_equal(np.asarray(out, np.float32), ref)
+    print(f"\n{device.kind}, {name} forward, bands of 8, 3 stages; output equal to gmm's: {same}\n"
+          "| phase (cycles) | median | 10% | 90% |\n|---|---|---|---|")
+    summary(np.asarray(trace), k // 64)
 
 
 if __name__ == "__main__":
@@ -202,13 +182,12 @@ if __name__ == "__main__":
     import sass_wgmma  # pylint: disable=import-outside-toplevel
     from jgmm.ffi import _compile  # pylint: disable=import-outside-toplevel
     s = jax.ShapeDtypeStruct
-    for lag in (0, 2):
-      jax.jit(lambda x, w, b, lag=lag: timeline(x, w, b, lag, 132)).trace(
-          s((8192, 4096), jnp.bfloat16), s((8, 4096, 14336), jnp.bfloat16), s((9,), jnp.int32)).lower(
-              lowering_platforms=("cuda",))
-      (compiled,) = _compile._cache.values()
-      _compile._cache.clear()
-      ptxas, _ = sass_wgmma.assemble(compiled)
-      print(f"LAG {lag}:", "; ".join(line.split(": ", 1)[-1] for line in ptxas.splitlines() if "Used" in line or "spill" in line))
+    jax.jit(lambda x, w, b: timeline(x, w, b, 132)).trace(
+        s((8192, 4096), jnp.bfloat16), s((8, 4096, 14336), jnp.bfloat16), s((9,), jnp.int32)).lower(
+            lowering_platforms=("cuda",))
+    (compiled,) = _compile._cache.values()
+    ptxas, _ = sass_wgmma.assemble(compiled)
+    print("lowered for sm_90:", "; ".join(line.split(": ", 1)[-1] for line in ptxas.splitlines()
+                                          if "Used" in line or "spill" in line))
   else:
     main(sys.argv[1].split(",") if len(sys.argv) > 1 else ["mixtral8x7b-w1", "dsv3-ep8-down"])
