@@ -252,9 +252,9 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
   step = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
-    acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, gl.zeros((HALF, cols), dtype=gl.float32,
-                                                                             layout=acc_layout),
-                       step, rows, half_rows, k_steps, S, TRANSPOSE_RHS, H, CTAS)
+    acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
+    acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps, S,
+                       TRANSPOSE_RHS, H, CTAS)
     if rows > 0:
       step += k_steps
     if half_store > 0:
