@@ -80,8 +80,8 @@ def sass():
 
 
 def measure(steps=20000, rounds=7):
-  """Each variant on one program per SM, interleaved rounds: median ms and FMA rate (TFMA/s and per SM and cycle at
-  the clock nvidia-smi reports after the run)."""
+  """Each variant on one program per SM, interleaved rounds: median ms, FMA rate (TFMA/s) and that rate against the
+  two warpgroups' of the same STEP_K."""
   import statistics  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   props = torch.cuda.get_device_properties(0)

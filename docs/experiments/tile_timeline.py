@@ -5,7 +5,8 @@ have moved that (held stores, four stages, consumers started apart: sessions 45-
 This reads the boundary off the kernel itself: gmm_ws_kernel with its consumers writing %clock at five points of
 each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same descriptors, schedule, grid):
   0 the loop's top (the tile's turn)           1 its coordinates read (consumer_tile)
-  2 its first stage's bytes landed (the first wgmma can issue)   3 its last wgmma done (warpgroup_mma_wait(0))
+  2 its first stage's bytes landed (the first wgmma can issue; a half without MMAs: at once)
+  3 its last wgmma done (warpgroup_mma_wait(0))
   4 its half's TMA store issued (gmm_ws.store_half)
 and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
 each phase, the lag between the consumers' ends of a tile, and the share of the programs' spans in which neither
@@ -32,7 +33,7 @@ from jgmm.ops import group_bounds
 from jgmm.triton_kernels import geometry, gmm_ws
 from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, store_half
 
-POINTS = 5  # Timestamps a consumer writes per tile (the module docstring's 0-4).
+POINTS = gl.constexpr(5)  # Timestamps a consumer writes per tile (the module docstring's 0-4).
 
 
 @gluon.jit
@@ -48,26 +49,27 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
                    S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
                    BAND: gl.constexpr, TILES: gl.constexpr):
   """gmm_ws.consumer (one CTA) writing the clock at the docstring's five points of each tile to trace_ptr
-  (programs, TILES + 1, 2 consumers, POINTS) int32 (row TILES: the consumer's entry at 0,
-  its exit at 4)."""
+  (programs, TILES + 1, 2 consumers, POINTS) int32 (row TILES: the consumer's entry at 0, its exit at 4). A half
+  without MMAs writes point 2 at once, so that 2-3 is its release of the stages (inside the other half's K loop)."""
   acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-  ends = trace_ptr + ((gl.program_id(0) * (TILES + 1) + TILES) * 2 + H) * 5  # The entry's and exit's row.
+  first = trace_ptr + (gl.program_id(0) * (TILES + 1) * 2 + H) * POINTS  # This consumer's points of tile 0.
+  ends = first + TILES * 2 * POINTS  # Its entry's and exit's.
   gl.store(ends, clock())
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
   i = 0
   for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    point = trace_ptr + ((gl.program_id(0) * (TILES + 1) + i) * 2 + H) * 5
+    point = first + i * 2 * POINTS
     gl.store(point, clock())
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
     gl.store(point + 1, clock())
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       mbarrier.wait(ready.index(step % S), (step // S) & 1)  # tile_product's own wait on it then passes at once.
-      gl.store(point + 2, clock())
+    gl.store(point + 2, clock())
     acc = gmm_ws.tile_product(a_bufs, b_bufs, ready, empty, empty, acc, step, rows, half_rows, k_steps, S,
                               TRANSPOSE_RHS, H, 1)
     gl.store(point + 3, clock())
@@ -99,9 +101,9 @@ def timeline_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, trace_ptr, K: 
 
 
 def timeline(lhs, rhs, bounds, programs, block_n=256, block_k=64, stages=3, band=8):
-  """(out (M, N) bf16, trace (programs, TILES + 1, 2, POINTS) int32, 0 where a program ran fewer tiles; the last row: each consumer's
-  entry (point 0) and exit (point 4)): timeline_kernel
-  launched as backend_triton._gmm_ws launches gmm_ws_kernel (forward, one CTA)."""
+  """(out (M, N) bf16, trace (programs, TILES + 1, 2, POINTS) int32, 0 where a program ran fewer tiles; the last
+  row: each consumer's entry (point 0) and exit (point 4)): timeline_kernel launched as backend_triton._gmm_ws
+  launches gmm_ws_kernel (forward, one CTA)."""
   m, k = lhs.shape
   g, _, n = rhs.shape
   row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + g + 1
@@ -112,7 +114,7 @@ def timeline(lhs, rhs, bounds, programs, block_n=256, block_k=64, stages=3, band
       ffi.TensorDescriptor(rhs.reshape(g * k, n), rhs_block, layout=gmm_ws.shared_layout(rhs_block, "bfloat16")),
       backend_triton._row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,  # pylint: disable=protected-access
       kernel=timeline_kernel, out_shape=[jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-                                         jax.ShapeDtypeStruct((programs, tiles + 1, 2, POINTS), jnp.int32)],
+                                         jax.ShapeDtypeStruct((programs, tiles + 1, 2, POINTS.value), jnp.int32)],
       zeroed_outputs=(1,), grid=(programs,), num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG,
       name="jgmm_tile_timeline", K=k, N=n, R_MAX=row_tiles, BLOCK_N=block_n, BLOCK_K=block_k, S=stages,
       TRANSPOSE_RHS=False, OUT_LAYOUT=gmm_ws.shared_layout(out_block, "bfloat16"), BAND=band, TILES=tiles)
