@@ -11,7 +11,9 @@ each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same
 and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
 each phase, the lag between the consumers' ends of a tile, and the share of the programs' spans in which neither
 consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling inside the K
-loop is not counted). Session 46's first version (21c09fe) could also start consumer 1 LAG steps late.
+loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs), the SM time
+outside the programs (launch skew and the last wave's tail) and the clock rate. Session 46's first version (21c09fe)
+could also start consumer 1 LAG steps late.
 
     python docs/experiments/tile_timeline.py [CASE,...]     (GPU; default mixtral8x7b-w1,dsv3-ep8-down, forward)
     JAX_PLATFORMS=cpu python docs/experiments/tile_timeline.py lower   (CPU: lowers it for sm_90: registers, spills)
@@ -44,6 +46,12 @@ def clock():
 
 
 @gluon.jit
+def global_time():
+  """The GPU's global nanosecond timer's low 32 bits (one clock for every SM, unlike %clock; wraps every 4.3 s)."""
+  return gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, ready, empty, K: gl.constexpr,
                    N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr,
@@ -57,6 +65,7 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   first = trace_ptr + (gl.program_id(0) * (TILES + 1) * 2 + H) * POINTS  # This consumer's points of tile 0.
   ends = first + TILES * 2 * POINTS  # Its entry's and exit's.
+  gl.store(ends + 1, global_time())
   gl.store(ends, clock())
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, BLOCK_N], OUT_LAYOUT)
   step = 0
@@ -81,6 +90,7 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
     i += 1
   tma.store_wait(pendings=0)
   gl.store(ends + 4, clock())
+  gl.store(ends + 3, global_time())
 
 
 @gluon.jit
@@ -102,8 +112,8 @@ def timeline_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, trace_ptr, K: 
 
 def timeline(lhs, rhs, bounds, programs, block_n=256, block_k=64, stages=3, band=8):
   """(out (M, N) bf16, trace (programs, TILES + 1, 2, POINTS) int32, 0 where a program ran fewer tiles; the last
-  row: each consumer's entry (point 0) and exit (point 4)): timeline_kernel launched as backend_triton._gmm_ws
-  launches gmm_ws_kernel (forward, one CTA)."""
+  row: each consumer's entry (point 0; %globaltimer_lo at 1) and exit (point 4; %globaltimer_lo at 3)):
+  timeline_kernel launched as backend_triton._gmm_ws launches gmm_ws_kernel (forward, one CTA)."""
   m, k = lhs.shape
   g, _, n = rhs.shape
   row_tiles = geometry.cdiv(m, gmm_ws.BLOCK_M) + g + 1
@@ -161,6 +171,16 @@ def summary(trace, steps):
         f"{np.percentile(lags, 90):.0f} |")
   print(f"neither consumer in its K loop: {100 * idle / sum(spans):.2f}% of the programs' spans; the tiles' ideal "
         f"{100 * ideal / sum(spans):.1f}% of them; spans: median {np.median(spans):.0f}, max {max(spans)} cycles")
+  ns = trace[:, -1, :, [1, 3]].astype(np.int64)  # (2 ends, programs, 2 consumers): %globaltimer_lo at entry, exit.
+  ns = (ns - ns[0].min() + 2**31) % 2**32 - 2**31
+  enter, leave = ns[0].min(axis=1), ns[1].max(axis=1)  # Per program, its first consumer in and its last out.
+  wall = leave.max() - enter.min()
+  ghz = np.median(np.asarray(spans) / (leave - enter))
+  print(f"the kernel (global timer): {wall} ns; programs enter within {enter.max() - enter.min()} ns of the first and "
+        f"leave {np.median(leave.max() - leave):.0f} ns (median; max {leave.max() - leave.min()}) before the last; "
+        f"SM time outside the programs: {100 * (1 - (leave - enter).sum() / (len(enter) * wall)):.2f}%; "
+        f"{ghz:.3f} GHz (program cycles / ns); the tiles' ideal {100 * ideal / (len(enter) * wall * ghz):.1f}% "
+        "of the kernel's SM cycles")
 
 
 def main(names):
