@@ -8,7 +8,7 @@ each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same
   2 its first stage's bytes landed (the first wgmma can issue; a half without MMAs: at once)
   3 its last wgmma done (warpgroup_mma_wait(0))
   4 its half's TMA store issued (gmm_ws.store_half)
-and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
+(and 5: the tile's rows of its group, so that full, partial and one-consumer tiles are timed apart) and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
 each phase, the lag between the consumers' ends of a tile, and the share of the programs' spans in which neither
 consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling inside the K
 loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs), the SM time
@@ -35,7 +35,7 @@ from jgmm.ops import group_bounds
 from jgmm.triton_kernels import geometry, gmm_ws
 from jgmm.triton_kernels.gmm_ws import HALF, consumer_tile, store_half
 
-POINTS = gl.constexpr(5)  # Timestamps a consumer writes per tile (the module docstring's 0-4).
+POINTS = gl.constexpr(6)  # Per tile: the docstring's timestamps 0-4, then the tile's rows of its group (5).
 
 
 @gluon.jit
@@ -75,6 +75,7 @@ def timed_consumer(schedule_ptr, M, out_ptr, trace_ptr, a_bufs, b_bufs, c_bufs, 
     gl.store(point, clock())
     _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
     gl.store(point + 1, clock())
+    gl.store(point + 5, rows)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     if half_rows > 0:
       mbarrier.wait(ready.index(step % S), (step // S) & 1)  # tile_product's own wait on it then passes at once.
@@ -143,6 +144,7 @@ def summary(trace, steps):
   rows["entry to the first tile"] = []
   rows["the last tile's store to exit"] = []
   lags, idle, spans, ideal = [], 0, [], 0
+  kinds = {"128 rows": [], "65-127 rows": [], "1-64 rows (one consumer's MMAs)": []}
   for program in trace.astype(np.int64):
     signed = (program - program[-1, 0, 0] + 2**31) % 2**32 - 2**31  # From consumer 0's entry, wrap-free.
     ran = program[:-1, 0, 4] != 0
@@ -153,6 +155,10 @@ def summary(trace, steps):
     rows["entry to the first tile"] += list(p[0, :, 0] - ends[:, 0])
     rows["the last tile's store to exit"] += list(ends[:, 4] - p[-1, :, 4])
     lags += list(p[:, 1, 3] - p[:, 0, 3])
+    rows_of = program[:-1, 0, 5][ran]  # Unshifted: a count, not a time.
+    tile = np.append(p[1:, 0, 0], ends[0, 4]) - p[:, 0, 0]  # Consumer 0's top of a tile to its next (or its exit).
+    for name, pick in zip(kinds, (rows_of == 128, (rows_of > 64) & (rows_of < 128), (rows_of > 0) & (rows_of <= 64))):
+      kinds[name] += list(tile[pick])
     events = sorted([(t, 1) for t in p[:, :, 2].ravel()] + [(t, -1) for t in p[:, :, 3].ravel()])
     busy, depth, since = 0, 0, None
     for t, d in events:
@@ -167,6 +173,9 @@ def summary(trace, steps):
     ideal += len(p) * steps * 1024
   for name, values in rows.items():
     print(f"| {name} | {np.median(values):.0f} | {np.percentile(values, 10):.0f} | {np.percentile(values, 90):.0f} |")
+  for name, values in ((name, values) for name, values in kinds.items() if values):
+    print(f"| a tile of {name}: {len(values)}, top to top | {np.median(values):.0f} | {np.percentile(values, 10):.0f} | "
+          f"{np.percentile(values, 90):.0f} |")
   print(f"| lag, consumer 1's K loop end - consumer 0's | {np.median(lags):.0f} | {np.percentile(lags, 10):.0f} | "
         f"{np.percentile(lags, 90):.0f} |")
   print(f"neither consumer in its K loop: {100 * idle / sum(spans):.2f}% of the programs' spans; the tiles' ideal "
