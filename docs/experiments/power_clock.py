@@ -60,9 +60,11 @@ RAGGED = os.environ.get("RAGGED") == "1"
 
 
 def sampler(log):
-  """nvidia-smi sampling into the file log (a pipe would fill after ~40 s of samples and stall it)."""
-  return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                           "-lms", "20"], stdout=log, text=True)
+  """nvidia-smi sampling of this process's GPU (nvidia-smi lists every GPU whatever CUDA_VISIBLE_DEVICES says) into the
+  file log (a pipe would fill after ~40 s of samples and stall it)."""
+  return subprocess.Popen(["nvidia-smi", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+                           "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"],
+                          stdout=log, text=True)
 
 
 def samples_between(lines, t0, t1):

@@ -11,8 +11,6 @@ variant: TFLOP/s (every FLOP, the zero rows' too), the median clock and power, a
 
     python docs/experiments/zero_rows_power.py [ROUNDS]     (GPU)
 """
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,17 +23,10 @@ import jgmm
 from jgmm import bench, timing
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from power_clock import samples_between  # pylint: disable=wrong-import-position
+from power_clock import samples_between, sampler  # pylint: disable=wrong-import-position
 
 FRACTIONS = (0.0, 0.125, 0.25, 0.5)
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-
-
-def sampler(log):
-  """power_clock.sampler on this process's GPU only (nvidia-smi lists every GPU whatever CUDA_VISIBLE_DEVICES says)."""
-  return subprocess.Popen(["nvidia-smi", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
-                           "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"],
-                          stdout=log, text=True)
 
 
 def zero_tails(x, fraction):
