@@ -8,10 +8,11 @@ each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same
   2 its first stage's bytes landed (the first wgmma can issue; a half without MMAs: at once)
   3 its last wgmma done (warpgroup_mma_wait(0))
   4 its half's TMA store issued (gmm_ws.store_half)
-(and 5: the tile's rows of its group, so that full, partial and one-consumer tiles are timed apart) and each consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of
-each phase, the lag between the consumers' ends of a tile, and the share of the programs' spans in which neither
-consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling inside the K
-loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs), the SM time
+(and 5: the tile's rows of its group, so that whole, partial and one-consumer tiles are timed apart) and each
+consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of each phase,
+the lag between the consumers' ends of a tile, each kind of tile's time, and the share of the programs' spans in
+which neither consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling
+inside the K loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs), the SM time
 outside the programs (launch skew and the last wave's tail) and the clock rate. Session 46's first version (21c09fe)
 could also start consumer 1 LAG steps late.
 
@@ -174,8 +175,8 @@ def summary(trace, steps):
   for name, values in rows.items():
     print(f"| {name} | {np.median(values):.0f} | {np.percentile(values, 10):.0f} | {np.percentile(values, 90):.0f} |")
   for name, values in ((name, values) for name, values in kinds.items() if values):
-    print(f"| a tile of {name}: {len(values)}, top to top | {np.median(values):.0f} | {np.percentile(values, 10):.0f} | "
-          f"{np.percentile(values, 90):.0f} |")
+    print(f"| a tile of {name}: {len(values)}, top to top | {np.median(values):.0f} | "
+          f"{np.percentile(values, 10):.0f} | {np.percentile(values, 90):.0f} |")
   print(f"| lag, consumer 1's K loop end - consumer 0's | {np.median(lags):.0f} | {np.percentile(lags, 10):.0f} | "
         f"{np.percentile(lags, 90):.0f} |")
   print(f"neither consumer in its K loop: {100 * idle / sum(spans):.2f}% of the programs' spans; the tiles' ideal "
