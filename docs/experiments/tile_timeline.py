@@ -12,9 +12,9 @@ each tile, launched through jgmm.ffi like backend_triton's own gmm_ws path (same
 consumer's entry and exit. Per case, over every program's tiles (both consumers), it prints the cycles of each phase,
 the lag between the consumers' ends of a tile, each kind of tile's time, and the share of the programs' spans in
 which neither consumer is between 2 and 3 (the tensor pipe surely idle: the boundary as the kernel lives it; idling
-inside the K loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs), the SM time
-outside the programs (launch skew and the last wave's tail) and the clock rate. Session 46's first version (21c09fe)
-could also start consumer 1 LAG steps late.
+inside the K loop is not counted); from the global timer at each consumer's entry and exit (one clock for all SMs),
+the SM time outside the programs (launch skew and the last wave's tail) and the clock rate. Session 46's first
+version (21c09fe) could also start consumer 1 LAG steps late.
 
     python docs/experiments/tile_timeline.py [CASE,...]     (GPU; default mixtral8x7b-w1,dsv3-ep8-down, forward)
     JAX_PLATFORMS=cpu python docs/experiments/tile_timeline.py lower   (CPU: lowers it for sm_90: registers, spills)
