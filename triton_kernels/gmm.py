@@ -176,6 +176,31 @@ def zero_tile_rows(z, first_row, last_row, M, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
+def store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N: tl.constexpr, N_OUT: tl.constexpr,
+                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr,
+                     SAVE_PRE: tl.constexpr):
+  """gmm_kernel's zero tiles, numbered from num_tiles (its group tiles') on, in this program's turn: zeros into out
+  (not with ACCUMULATE) and h (with SAVE_PRE) on the rows outside every group."""
+  N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
+  HALVES: tl.constexpr = N // N_OUT
+  num_programs = tl.num_programs(0)
+  pid = tl.program_id(0)
+  first_row = tl.load(bounds_ptr)
+  last_row = tl.load(bounds_ptr + G)
+  head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
+  zero_tiles = head_tiles + tl.cdiv(M - last_row, BLOCK_M) * N_TILES
+  # This program's first tile number past the group tiles, then every P-th.
+  first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
+  for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
+    row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
+    if not ACCUMULATE:
+      _zero_tile(out_ptr, row0, row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
+    if SAVE_PRE:
+      for half in tl.static_range(HALVES):
+        _zero_tile(h_ptr, row0, row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+
+
+@triton.jit
 def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -197,7 +222,6 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   through pointers either way.
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
-  HALVES: tl.constexpr = N // N_OUT
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
 
   if TMA_STORE:
@@ -215,19 +239,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
 
   if SAVE_PRE or not ACCUMULATE:
-    first_row = tl.load(bounds_ptr)
-    last_row = tl.load(bounds_ptr + G)
-    head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
-    zero_tiles = head_tiles + tl.cdiv(M - last_row, BLOCK_M) * N_TILES
-    # This program's first tile number past the group tiles, then every P-th.
-    first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
-    for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
-      row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
-      if not ACCUMULATE:
-        _zero_tile(out_ptr, row0, row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
-      if SAVE_PRE:
-        for half in tl.static_range(HALVES):
-          _zero_tile(h_ptr, row0, row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+    store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N, N_OUT, G, BLOCK_M, BLOCK_N, ACCUMULATE, SAVE_PRE)
 
 
 @triton.jit

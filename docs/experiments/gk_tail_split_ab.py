@@ -19,7 +19,6 @@ gmm_split_kernel has gmm_kernel's parameters and runs in its place through backe
 """
 import functools
 import os
-import statistics
 import sys
 from unittest import mock
 
@@ -30,13 +29,15 @@ import triton
 import triton.language as tl
 
 from jgmm import backend_triton
-from jgmm.bench import CASES, Inputs, group_sizes, speed_of_light_ms
+from jgmm.bench import group_sizes
 from jgmm.config import Config
 from jgmm.ops import group_bounds
-from jgmm.timing import jax_sync, sustained_runs, time_interleaved
 from jgmm.triton_kernels import gmm as gmm_kernels
 from jgmm.triton_kernels.common import group_rows_descriptor
-from jgmm.triton_kernels.gmm import _zero_tile, gmm_tile, group_table, group_tile, zero_tile_rows
+from jgmm.triton_kernels.gmm import gmm_tile, group_table, group_tile, store_zero_tiles
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tail_split_ab  # pylint: disable=wrong-import-position  (its timing and command line)
 
 GK = Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)  # The table's gmm_kernel entries.
 
@@ -64,7 +65,6 @@ def gmm_split_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr,
   """gmm_kernel with its group tiles [kept, num_tiles) (the last round, where it is at most half the grid) run as
   column halves, tile kept + p // 2's half p % 2 in program p."""
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
-  HALVES: tl.constexpr = N // N_OUT
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
   if TMA_STORE:
     out_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 2)
@@ -94,19 +94,8 @@ def gmm_split_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr,
              g, row_start, m_g, m_g, mi, 2 * ni + pid % 2, K, N, N_OUT, BLOCK_M, BLOCK_N // 2, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
 
-  if SAVE_PRE or not ACCUMULATE:  # gmm_kernel's zero tiles, unchanged.
-    first_row = tl.load(bounds_ptr)
-    last_row = tl.load(bounds_ptr + G)
-    head_tiles = tl.cdiv(first_row, BLOCK_M) * N_TILES
-    zero_tiles = head_tiles + tl.cdiv(M - last_row, BLOCK_M) * N_TILES
-    first_zero = pid + tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs) * num_programs
-    for tile in range(first_zero, num_tiles + zero_tiles, num_programs):
-      row0, row_end, n0 = zero_tile_rows(tile - num_tiles, first_row, last_row, M, BLOCK_M, BLOCK_N, N_TILES)
-      if not ACCUMULATE:
-        _zero_tile(out_ptr, row0, row_end, n0, N_OUT, 0, BLOCK_M, BLOCK_N, N_OUT)
-      if SAVE_PRE:
-        for half in tl.static_range(HALVES):
-          _zero_tile(h_ptr, row0, row_end, n0, N, half * N_OUT, BLOCK_M, BLOCK_N, N_OUT)
+  if SAVE_PRE or not ACCUMULATE:
+    store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N, N_OUT, G, BLOCK_M, BLOCK_N, ACCUMULATE, SAVE_PRE)
 
 
 def gmm_call(split, transpose, config, **kwargs):
@@ -176,7 +165,6 @@ def check():
 def sass():
   """Both kernels compiled for sm_90 at mixtral's d lhs with GK: sass_wgmma.report's lines."""
   os.environ["JGMM_TARGET"] = "cuda:90"  # Lowered for sm_90 on a CPU machine (backend_triton reads it per call).
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import sass_wgmma  # pylint: disable=import-outside-toplevel
   from jgmm.ffi import _compile  # pylint: disable=import-outside-toplevel
   s = jax.ShapeDtypeStruct
@@ -190,34 +178,7 @@ def sass():
     sass_wgmma.report("gmm_split_kernel" if split else "gmm_kernel", compiled, *sass_wgmma.assemble(compiled))
 
 
-def timed(mode, names):
-  """gmm_kernel and gmm_split_kernel at GK on the forward and d lhs of each named case, interleaved (or sustained,
-  each alone): ms and speedup over gmm_kernel."""
-  rows = []
-  for name, m, k, n, g in (c for c in CASES if c[0] in names):
-    inp = Inputs(m, k, n, g)
-    bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-    for product, lhs, kk, nn, transpose in (("fwd", inp.x, k, n, False), ("dlhs", inp.dout, n, k, True)):
-      gk, split = compiled_pair(transpose, GK, (lhs, inp.w, bounds), out_dtype=jnp.bfloat16, activation=None)
-      fns = {"gk": (gk, jax_sync), "split": (split, jax_sync)}
-      if mode == "sustained":
-        ms = {label: statistics.median(run.ms for run in runs)
-              for label, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
-      else:
-        ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
-      sol = speed_of_light_ms(m, kk, nn, g)
-      rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["gk"] / t) for label, t in ms.items()]
-  print(f"\n{jax.devices()[0].device_kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_kernel |\n"
-        "|---|---|---|---|")
-  for label, t, sol, speedup in rows:
-    print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} |")
-
-
 if __name__ == "__main__":
-  mode = sys.argv[1]
-  if mode == "sass":
-    sass()
-  elif mode == "check":
-    check()
-  else:
-    timed(mode, sys.argv[2].split(",") if len(sys.argv) > 2 else ["mixtral8x7b-w1", "dsv3-ep8-gateup"])
+  tail_split_ab.main(sass, check, ["mixtral8x7b-w1", "dsv3-ep8-gateup"], labels=("gk", "split"),
+                     pair=lambda lhs, rhs, bounds, transpose: compiled_pair(
+                         transpose, GK, (lhs, rhs, bounds), out_dtype=jnp.bfloat16, activation=None))

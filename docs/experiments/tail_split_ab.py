@@ -267,16 +267,20 @@ def check():
   print("PASS" if not failed else f"FAIL ({failed} cases differ)")
 
 
-def timed(mode, names):
-  """gmm_ws and split_kernel at WS8 on the forward and d lhs of each named case, interleaved (or sustained, each
-  alone): ms and speedup over gmm_ws."""
+def ws_pair(lhs, rhs, bounds, transpose):
+  """(gmm_ws's call, split_kernel's call) at WS8, without arguments."""
+  return tuple(functools.partial(f, lhs, rhs, bounds, transpose, WS8) for f in (ws_gmm, split_gmm))
+
+
+def timed(mode, names, pair=ws_pair, labels=("ws", "split")):
+  """The two calls of pair(lhs, rhs, bounds, transpose) on the forward and d lhs of each named case, interleaved (or
+  sustained, each alone): ms and speedup over the first (labels: their names)."""
   rows = []
   for name, m, k, n, g in (c for c in CASES if c[0] in names):
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
     for product, lhs, kk, nn, transpose in (("fwd", inp.x, k, n, False), ("dlhs", inp.dout, n, k, True)):
-      fns = {label: (functools.partial(f, lhs, inp.w, bounds, transpose, WS8), jax_sync)
-             for label, f in (("ws", ws_gmm), ("split", split_gmm))}
+      fns = {label: (call, jax_sync) for label, call in zip(labels, pair(lhs, inp.w, bounds, transpose))}
       for fn, sync in fns.values():
         sync(fn())
       if mode == "sustained":
@@ -285,18 +289,22 @@ def timed(mode, names):
       else:
         ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
       sol = speed_of_light_ms(m, kk, nn, g)
-      rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms["ws"] / t) for label, t in ms.items()]
-  print(f"\n{DEVICE().kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs gmm_ws |\n"
-        "|---|---|---|---|")
+      rows += [(f"{name} {product} {label}", t, 100 * sol / t, ms[labels[0]] / t) for label, t in ms.items()]
+  print(f"\n{DEVICE().kind}, {mode}\n| case product kernel | ms | %SOL | speedup vs {labels[0]} |\n|---|---|---|---|")
   for label, t, sol, speedup in rows:
     print(f"| {label} | {t:.3f} | {sol:.0f}% | {speedup:.3f} |")
 
 
-if __name__ == "__main__":
+def main(sass_mode, check_mode, default_cases, **timed_args):
+  """The command line of this script and gk_tail_split_ab's: sass, check, or time / sustained [CASE,...]."""
   mode = sys.argv[1]
   if mode == "sass":
-    sass()
+    sass_mode()
   elif mode == "check":
-    check()
+    check_mode()
   else:
-    timed(mode, sys.argv[2].split(",") if len(sys.argv) > 2 else ["mixtral8x7b-w1", "dsv3-ep8-down"])
+    timed(mode, sys.argv[2].split(",") if len(sys.argv) > 2 else default_cases, **timed_args)
+
+
+if __name__ == "__main__":
+  main(sass, check, ["mixtral8x7b-w1", "dsv3-ep8-down"])
