@@ -13,10 +13,11 @@ gmm_ws's (gmm_ws.load_stage, tile_product, store_half unchanged); a half runs th
 half_product: the stage buffers' first BLOCK_N / 2 columns, a shared-memory subview, and a descriptor of half-wide
 boxes) and store_half through the output buffer's first BLOCK_N / 2 columns.
 
-    JAX_PLATFORMS=cpu python docs/experiments/tail_split_ab.py sass   (CPU: registers and spills, both rhs layouts)
+    JAX_PLATFORMS=cpu python docs/experiments/tail_split_ab.py sass   (CPU: registers, spills, wgmma sequences)
     python docs/experiments/tail_split_ab.py check                    (GPU: outputs bit-identical to gmm_ws's)
     python docs/experiments/tail_split_ab.py time [CASE,...]          (GPU: interleaved, forward and d lhs)
     [SECONDS=1] python docs/experiments/tail_split_ab.py sustained [CASE,...]
+gk_tail_split_ab.py and coords_prefetch_ab.py run their A/Bs through this script's timed() and main().
 """
 import functools
 import os
