@@ -132,12 +132,15 @@ def expect_boxes(ready_bar, BASE: gl.constexpr, BOX: gl.constexpr, rows, BOXES: 
 @gluon.jit
 def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, ni, kk, K: gl.constexpr,
                N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-               EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2, CTAS: gl.constexpr = 1):
+               EXTRA_BYTES: gl.constexpr = 0, HALVES: gl.constexpr = 2, CTAS: gl.constexpr = 1,
+               COLS: gl.constexpr = 0):
   """The loader's TMA copies of step kk of a tile (group g, its rows from row0, column tile ni) into stage slot,
   counted by ready_bar: the tile's lhs halves of 64 rows (HALVES of them, a_bufs[HALVES * slot + h]) that hold rows
   of the group (a consumer whose half holds none skips it, so no load), the rhs tile (and EXTRA_BYTES the caller
   copies by TMA into the stage). CTAS = 2 (gmm_ws_cluster_kernel, BLOCK_N the cluster tile's columns): each CTA
-  expects the bytes it receives, and the lhs halves, the same in both CTAs, come by CTA 0's multicast."""
+  expects the bytes it receives, and the lhs halves, the same in both CTAs, come by CTA 0's multicast. COLS > 0: an
+  rhs box of COLS = BLOCK_N columns narrower than the stage's buffer (rhs_desc's), into its first columns
+  (rhs_stage)."""
   if CTAS == 1:
     half: gl.constexpr = lhs_desc.block_type.nbytes
     base: gl.constexpr = rhs_desc.block_type.nbytes + EXTRA_BYTES
@@ -153,9 +156,22 @@ def load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, row
       _tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(HALVES * slot + h), pred=has_rows,
                 multicast=True)
   if TRANSPOSE_RHS:
-    _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready_bar, b_bufs.index(slot))
+    _tma_load(rhs_desc, [g * N + ni * BLOCK_N, kk * BLOCK_K], ready_bar, rhs_stage(b_bufs, slot, True, COLS))
   else:
-    _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready_bar, b_bufs.index(slot))
+    _tma_load(rhs_desc, [g * K + kk * BLOCK_K, ni * BLOCK_N], ready_bar, rhs_stage(b_bufs, slot, False, COLS))
+
+
+@gluon.jit
+def rhs_stage(b_bufs, slot, TRANSPOSE_RHS: gl.constexpr, COLS: gl.constexpr = 0):
+  """Stage slot's rhs buffer ((BLOCK_K, BLOCK_N), or (BLOCK_N, BLOCK_K) where TRANSPOSE_RHS), or where COLS > 0 the
+  subview of its first COLS output columns (the leading COLS rows of the transposed buffer)."""
+  b = b_bufs.index(slot)
+  if COLS > 0:
+    if TRANSPOSE_RHS:
+      b = b.slice(0, COLS, dim=0)
+    else:
+      b = b.slice(0, COLS, dim=1)
+  return b
 
 
 @gluon.jit
@@ -264,16 +280,17 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
 
 @gluon.jit
 def tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps,
-                 S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr, CTAS: gl.constexpr):
+                 S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr, CTAS: gl.constexpr,
+                 COLS: gl.constexpr = 0):
   """Consumer H's K loop of a tile whose group has `rows` rows in it, `half_rows` in the consumer's half: acc (zeros)
   plus the products of the k_steps stages from `step` on, each stage released once read (`release`); a half
   without rows of a tile with rows waits for and releases the same stages (release_stages), so that both consumers'
-  phases stay in step."""
+  phases stay in step. COLS > 0: acc (64, COLS), the product of the stages' first COLS columns (rhs_stage)."""
   if half_rows > 0:
     for kk in range(k_steps):
       slot = (step + kk) % S
       mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-      b = b_bufs.index(slot)
+      b = rhs_stage(b_bufs, slot, TRANSPOSE_RHS, COLS)
       if TRANSPOSE_RHS:
         b = b.permute((1, 0))
       acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)

@@ -9,9 +9,9 @@ round, so it ends about half a tile sooner. Floor: mixtral +1.5%, down +0.8% per
 bytes per FMA, but the round runs on under P SMs); sustained less, as idle SMs also draw less power.
 
 The split kernel is gmm_ws_kernel's loader and consumers over the split schedule (split_tile): the wide tiles are
-gmm_ws's (gmm_ws.load_stage, tile_product, store_half unchanged); a half runs their twins (load_half_stage,
-half_product: the stage buffers' first BLOCK_N / 2 columns, a shared-memory subview, and a descriptor of half-wide
-boxes) and store_half through the output buffer's first BLOCK_N / 2 columns.
+gmm_ws's (gmm_ws.load_stage, tile_product, store_half); a half runs the same three with COLS = BLOCK_N / 2 (the
+stage buffers' first BLOCK_N / 2 columns, a shared-memory subview: gmm_ws.rhs_stage), a descriptor of half-wide rhs
+boxes and the output buffer's first BLOCK_N / 2 columns.
 
     JAX_PLATFORMS=cpu python docs/experiments/tail_split_ab.py sass   (CPU: registers, spills, wgmma sequences)
     python docs/experiments/tail_split_ab.py check                    (GPU: outputs bit-identical to gmm_ws's)
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from jgmm import backend_triton, ffi
 from jgmm.bench import CASES, Inputs, speed_of_light_ms
@@ -68,57 +68,10 @@ def split_tile(t, kept):
 
 
 @gluon.jit
-def half_stage(b_bufs, slot, TRANSPOSE_RHS: gl.constexpr):
-  """Stage slot's rhs buffer's first BLOCK_N / 2 columns (the leading BLOCK_N / 2 rows of the transposed (BLOCK_N,
-  BLOCK_K)): where a half's rhs box lands."""
-  b = b_bufs.index(slot)
-  if TRANSPOSE_RHS:
-    return b.slice(0, b.shape[0] // 2, dim=0)
-  else:
-    return b.slice(0, b.shape[1] // 2, dim=1)
-
-
-@gluon.jit
-def load_half_stage(lhs_desc, rhs_half_desc, a_bufs, b_bufs, ready_bar, slot, g, row0, rows, col, kk, K: gl.constexpr,
-                    N: gl.constexpr, BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr):
-  """gmm_ws.load_stage for a half: the lhs halves holding rows, and the rhs box of columns [col, col + BLOCK_N / 2)
-  into half_stage."""
-  gmm_ws.expect_boxes(ready_bar, rhs_half_desc.block_type.nbytes, lhs_desc.block_type.nbytes, rows, 2, HALF)
-  for h in gl.static_range(2):
-    has_rows = True if h == 0 else rows > h * HALF
-    gmm_ws._tma_load(lhs_desc, [row0 + h * HALF, kk * BLOCK_K], ready_bar, a_bufs.index(2 * slot + h), pred=has_rows)
-  if TRANSPOSE_RHS:
-    gmm_ws._tma_load(rhs_half_desc, [g * N + col, kk * BLOCK_K], ready_bar, half_stage(b_bufs, slot, True))
-  else:
-    gmm_ws._tma_load(rhs_half_desc, [g * K + kk * BLOCK_K, col], ready_bar, half_stage(b_bufs, slot, False))
-
-
-@gluon.jit
-def half_product(a_bufs, b_bufs, ready, empty, acc, step, rows, half_rows, k_steps, S: gl.constexpr,
-                 TRANSPOSE_RHS: gl.constexpr, H: gl.constexpr):
-  """gmm_ws.tile_product (one CTA) on half_stage's columns: acc (64, BLOCK_N / 2)."""
-  if half_rows > 0:
-    for kk in range(k_steps):
-      slot = (step + kk) % S
-      mbarrier.wait(ready.index(slot), ((step + kk) // S) & 1)
-      b = half_stage(b_bufs, slot, TRANSPOSE_RHS)
-      if TRANSPOSE_RHS:
-        b = b.permute((1, 0))
-      acc = warpgroup_mma(a_bufs.index(2 * slot + H), b, acc, is_async=True)
-      acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-      mbarrier.arrive(empty.index((step + kk + S - 1) % S), pred=kk > 0)  # The previous step's stage.
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(empty.index((step + k_steps - 1) % S))
-  elif rows > 0:
-    gmm_ws.release_stages(ready, empty, step, k_steps, S)
-  return acc
-
-
-@gluon.jit
 def split_loader(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, K: gl.constexpr,
                  N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
                  TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr):
-  """gmm_ws.loader (one CTA) over the split schedule: a half's stages through load_half_stage."""
+  """gmm_ws.loader (one CTA) over the split schedule: a half's rhs box through rhs_half_desc (COLS = BLOCK_N / 2)."""
   num_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   kept, total = split_schedule(schedule_ptr, num_n)
@@ -134,8 +87,8 @@ def split_loader(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, a_bufs, b_bufs
           gmm_ws.load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K,
                             N, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
         else:
-          load_half_stage(lhs_desc, rhs_half_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows,
-                          ni * BLOCK_N + piece * (BLOCK_N // 2), kk, K, N, BLOCK_K, TRANSPOSE_RHS)
+          gmm_ws.load_stage(lhs_desc, rhs_half_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows,
+                            2 * ni + piece, kk, K, N, BLOCK_N // 2, BLOCK_K, TRANSPOSE_RHS, COLS=BLOCK_N // 2)
         step += 1
 
 
@@ -167,8 +120,8 @@ def split_consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empt
         store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * BLOCK_N, half_store, N, BLOCK_N, OUT_LAYOUT)
     else:
       acc_half = gl.zeros((HALF, NARROW), dtype=gl.float32, layout=half_layout)
-      acc_half = half_product(a_bufs, b_bufs, ready, empty, acc_half, step, rows, half_rows, k_steps, S,
-                              TRANSPOSE_RHS, H)
+      acc_half = gmm_ws.tile_product(a_bufs, b_bufs, ready, empty, empty, acc_half, step, rows, half_rows, k_steps,
+                                     S, TRANSPOSE_RHS, H, 1, COLS=NARROW)
       if half_store > 0:
         store_half(out_ptr, out_half_desc, c_bufs.index(H).slice(0, NARROW, dim=1), acc_half, row,
                    ni * BLOCK_N + piece * NARROW, half_store, N, NARROW, OUT_LAYOUT)
