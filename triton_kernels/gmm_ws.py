@@ -58,14 +58,31 @@ def tile_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr = 1,
     rows = gl.minimum(gl.maximum(gl.load(schedule_ptr + g) - first, 0), TILE_M)
     return g, g * MASKED_M + first, rows, gl.minimum(MASKED_M - first, TILE_M), t % num_n
   else:
-    if BAND == 1:
-      r, ni = t // num_n, t % num_n
-    else:  # The group of row tile t // num_n: its first row tile and row tiles (tile t is among theirs).
-      first = gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n)
-      i, ni = tile_coords(t - first * num_n, gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n), num_n, BAND)
-      r = first + i
-    return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-            gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
+    first, count = region_of(schedule_ptr, t, num_n, R_MAX, BAND)
+    return scheduled_tile(schedule_ptr, t, first, count, num_n, R_MAX, BAND)
+
+
+@gluon.jit
+def region_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
+  """tile_of's first round of schedule loads for tile t (BAND > 1): the first row tile and the row tiles of the
+  region of row tile t // num_n (its group, or the rows before or after the groups); 0s row-major (no load)."""
+  if BAND == 1:
+    return t * 0, t * 0
+  else:
+    return (gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n), gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n))
+
+
+@gluon.jit
+def scheduled_tile(schedule_ptr, t, first, count, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
+  """tile_of's second round: (group, first row, rows of the group, rows to store, column tile) of tile t, whose
+  region_of is (first, count)."""
+  if BAND == 1:
+    r, ni = t // num_n, t % num_n
+  else:
+    i, ni = tile_coords(t - first * num_n, count, num_n, BAND)
+    r = first + i
+  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
+          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit

@@ -6,8 +6,9 @@ mixtral forward tile, 1.1% of a dsv3 down one), and its tail split showed per-cl
 sustained, so a gain of this size is only visible interleaved. This is session 44's kernel on the current gmm_ws:
 at each tile a consumer reads the schedule in two dependent rounds (in bands: the tile's region, then its group,
 rows and counts: gmm_ws.tile_of); here it loads round 2 of tile t + P (P programs) and round 1 of tile t + 2P while
-tile t runs (indices past the last clamped to it: never a read outside the schedule). Everything else is gmm_ws's.
-Floor: +0.6% (mixtral), +1.1% (down) per clock interleaved; sustained about half.
+tile t runs (gmm_ws.region_of and scheduled_tile, tile_of's two rounds; indices past the last clamped to it: never a
+read outside the schedule). Everything else is gmm_ws's. Floor: +0.6% (mixtral), +1.1% (down) per clock
+interleaved; sustained about half.
 
     JAX_PLATFORMS=cpu python docs/experiments/coords_prefetch_ab.py sass   (CPU: registers, spills, wgmma sequences)
     python docs/experiments/coords_prefetch_ab.py check                    (GPU: outputs bit-identical to gmm_ws's)
@@ -30,7 +31,6 @@ from jgmm import backend_triton
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 from jgmm.triton_kernels import gmm_ws
-from jgmm.triton_kernels.common import tile_coords
 from jgmm.triton_kernels.gmm_ws import HALF, store_half
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,28 +43,6 @@ WS8 = tail_split_ab.WS8
 def clamped(t, total):
   """Tile t, or the last tile (0 where there is none) past the end: an index the schedule may be read at."""
   return gl.maximum(gl.minimum(t, total - 1), 0)
-
-
-@gluon.jit
-def region_of(schedule_ptr, t, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of's first round of loads for tile t: (first row tile, row tiles) of its region (in bands; 0s row-major)."""
-  if BAND == 1:
-    return t * 0, t * 0
-  else:
-    return (gl.load(schedule_ptr + 1 + 4 * R_MAX + t // num_n), gl.load(schedule_ptr + 1 + 5 * R_MAX + t // num_n))
-
-
-@gluon.jit
-def scheduled_tile(schedule_ptr, t, first, count, num_n, R_MAX: gl.constexpr, BAND: gl.constexpr):
-  """tile_of's second round: (group, first row, rows of the group, rows to store, column tile) of tile t, whose
-  region_of is (first, count)."""
-  if BAND == 1:
-    r, ni = t // num_n, t % num_n
-  else:
-    i, ni = tile_coords(t - first * num_n, count, num_n, BAND)
-    r = first + i
-  return (gl.load(schedule_ptr + 1 + r), gl.load(schedule_ptr + 1 + R_MAX + r),
-          gl.load(schedule_ptr + 1 + 2 * R_MAX + r), gl.load(schedule_ptr + 1 + 3 * R_MAX + r), ni)
 
 
 @gluon.jit
@@ -81,9 +59,10 @@ def prefetch_consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, e
   total = gl.load(schedule_ptr) * num_n
   pid = gl.program_id(0)
   programs = gl.num_programs(0)
-  first, count = region_of(schedule_ptr, clamped(pid, total), num_n, R_MAX, BAND)
-  _, row0, rows, store_rows, ni = scheduled_tile(schedule_ptr, clamped(pid, total), first, count, num_n, R_MAX, BAND)
-  first, count = region_of(schedule_ptr, clamped(pid + programs, total), num_n, R_MAX, BAND)
+  first, count = gmm_ws.region_of(schedule_ptr, clamped(pid, total), num_n, R_MAX, BAND)
+  _, row0, rows, store_rows, ni = gmm_ws.scheduled_tile(schedule_ptr, clamped(pid, total), first, count, num_n,
+                                                        R_MAX, BAND)
+  first, count = gmm_ws.region_of(schedule_ptr, clamped(pid + programs, total), num_n, R_MAX, BAND)
   step = 0
   for t in range(pid, total, programs):
     row = row0 + H * HALF  # This tile's, before the next one's replace them.
@@ -92,9 +71,9 @@ def prefetch_consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, e
     half_store = gl.minimum(gl.maximum(store_rows - H * HALF, 0), HALF)
     col = ni * BLOCK_N
     # The next tile (round 2; its region was loaded an iteration ago) and the region of the one after it.
-    _, row0, rows, store_rows, ni = scheduled_tile(schedule_ptr, clamped(t + programs, total), first, count, num_n,
-                                                   R_MAX, BAND)
-    first, count = region_of(schedule_ptr, clamped(t + 2 * programs, total), num_n, R_MAX, BAND)
+    _, row0, rows, store_rows, ni = gmm_ws.scheduled_tile(schedule_ptr, clamped(t + programs, total), first, count,
+                                                          num_n, R_MAX, BAND)
+    first, count = gmm_ws.region_of(schedule_ptr, clamped(t + 2 * programs, total), num_n, R_MAX, BAND)
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     acc = gmm_ws.tile_product(a_bufs, b_bufs, ready, empty, empty, acc, step, tile_rows, half_rows, k_steps, S,
                               TRANSPOSE_RHS, H, 1)
