@@ -87,8 +87,9 @@ def _row_tiles(bounds, m, row_tiles, block_m):
 
 
 def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
-  """gmm through gmm_ws_kernel (the caller checked that it applies), or through gmm_ws_cluster_kernel on clusters of
-  2 CTAs where config.cluster_size is 2, config.block_n 128 or 256 and Triton has it (gmm_ws_cluster.supported)."""
+  """gmm through gmm_ws_kernel (the caller checked that it applies; its last round in column halves where
+  config.tail_split), or through gmm_ws_cluster_kernel on clusters of 2 CTAs where config.cluster_size is 2,
+  config.block_n 128 or 256 and Triton has it (gmm_ws_cluster.supported)."""
   m, k = lhs.shape
   num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -104,18 +105,25 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   rhs_view, rhs_block = ((num_groups * n, k), (cols, config.block_k)) if transpose_rhs else (
       (num_groups * k, n), (config.block_k, cols))
   out_block = (gmm_ws.HALF.value, cols)
+  rhs_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
+      rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT))
+  if cluster:
+    kernel, descriptors, split = gmm_ws_cluster.gmm_ws_cluster_kernel, (rhs_desc,), {}
+  else:  # The half tiles' rhs boxes (config.tail_split; Config keeps them 64 columns or more, the same layout).
+    half_block = (cols // 2, config.block_k) if transpose_rhs else (config.block_k, cols // 2)
+    descriptors = (rhs_desc, ffi.TensorDescriptor(rhs.reshape(rhs_view), half_block,
+                                                  layout=layout(half_block, rhs.dtype, None)))
+    kernel, split = gmm_ws.gmm_ws_kernel, {"SPLIT": config.tail_split}
   return ffi.triton_call(
-      ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)),
-      ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
-          rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT)),
+      ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)), *descriptors,
       _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
-      kernel=gmm_ws_cluster.gmm_ws_cluster_kernel if cluster else gmm_ws.gmm_ws_kernel,
+      kernel=kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms // ctas, row_tiles * geometry.cdiv(n, cols)),), num_ctas=ctas,
       num_warps=gmm_ws.NUM_WARPS, maxnreg=gmm_ws.MAXNREG, name="jgmm_gmm_ws_cluster" if cluster else "jgmm_gmm_ws",
       K=k, N=n, R_MAX=row_tiles, BLOCK_N=config.block_n, BLOCK_K=config.block_k, S=config.num_stages,
       TRANSPOSE_RHS=transpose_rhs, OUT_LAYOUT=layout(out_block, out_dtype, gmm_ws_cluster.COL_SPLIT),
-      BAND=config.band_tiles)
+      BAND=config.band_tiles, **split)
 
 
 def _persistent_programs(config, device):
@@ -211,7 +219,8 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
-      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision))
+      SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision),
+      TAIL_SPLIT=config.tail_split and config.persistent)
   return (out, h) if save_preactivation else out
 
 

@@ -50,6 +50,11 @@ class Config:
     128 columns, each K step's rhs tile and block scales loaded once and multicast into both CTAs) where block_m is
     128 or 192, block_n 128 and Triton has Gluon's clusters. The one-CTA kernel runs elsewhere with the same tiles.
     1 or 2; other kernels ignore it.
+  tail_split: persistent gmm_kernel and the one-CTA bf16 warp-specialised gmm: where the tile loop's last round
+    holds at most half the grid's programs (T tiles on P programs: T mod P <= P / 2, a runtime count), each of its
+    tiles runs as its two column halves (block_n / 2 wide) on two programs, so the round ends about half a tile
+    sooner (mixtral's forward and d lhs 1.01-1.06x on an H200: docs/perf-notes.md, Session 48). block_n >= 128;
+    other kernels ignore it.
   """
   block_m: int = 128
   block_n: int = 128
@@ -63,13 +68,14 @@ class Config:
   warp_specialized: bool = False
   band_tiles: int = 1
   cluster_size: int = 1
+  tail_split: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "programs_per_sm", "band_tiles",
                  "cluster_size"):
       if type(getattr(self, name)) is not int:
         raise TypeError(f"config.{name} must be a Python int, got {getattr(self, name)!r}")
-    for name in ("persistent", "tma", "tma_store", "warp_specialized"):
+    for name in ("persistent", "tma", "tma_store", "warp_specialized", "tail_split"):
       if type(getattr(self, name)) is not bool:
         raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
     for name in ("block_m", "block_n", "block_k"):
@@ -86,6 +92,9 @@ class Config:
       raise ValueError(f"config.band_tiles must be an int in [1, 64], got {self.band_tiles!r}")
     if self.cluster_size not in (1, 2):
       raise ValueError(f"config.cluster_size must be 1 or 2, got {self.cluster_size!r}")
+    if self.tail_split and self.block_n < 128:
+      raise ValueError(f"config.tail_split needs block_n >= 128 (halves of 64 columns or more), got block_n "
+                       f"{self.block_n}")
 
 
 def as_config(config, rows_192=False):

@@ -68,15 +68,18 @@ from jgmm.config import Config
 from jgmm.triton_kernels import gmm_ws_cluster
 
 _C = Config
-# The default space (--space small): configs measured best on some case on an H200 or H100 (docs/perf-notes.md).
-_GMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(64, 256, 64, 4, 4), _C(64, 256, 32, 4, 4, programs_per_sm=2),
-        _C(64, 256, 32, 4, 3, programs_per_sm=2), _C(128, 128, 32, 4, 4, programs_per_sm=2),
-        _C(128, 256, 64, 8, 3, warp_specialized=True), _C(64, 128, 64, 4, 4)]
+# The default space (--space small): configs measured best on some case on an H200 or H100 (docs/perf-notes.md; the
+# last round in column halves, tail_split: mixtral's d lhs and dsv3 gate-up's forward and d lhs, Session 48).
+_GMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 3, tail_split=True), _C(128, 256, 64, 8, 4), _C(64, 256, 64, 4, 4),
+        _C(64, 256, 32, 4, 4, programs_per_sm=2), _C(64, 256, 32, 4, 3, programs_per_sm=2),
+        _C(128, 128, 32, 4, 4, programs_per_sm=2), _C(128, 256, 64, 8, 3, warp_specialized=True), _C(64, 128, 64, 4, 4)]
 # The bf16 warp-specialised kernel's tile orders and clusters (Config.band_tiles, cluster_size): each the fastest on
-# some bench case's forward or d lhs on an H100 under Triton 3.9 (docs/perf-notes.md, Session 24).
+# some bench case's forward or d lhs on an H100 under Triton 3.9 (docs/perf-notes.md, Session 24); in bands of 8
+# with the last round in column halves (Config.tail_split): mixtral's forward on an H200 (Session 48).
 _GMM_WS = [_C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8),
            _C(128, 256, 64, 8, 3, warp_specialized=True, cluster_size=2),
-           _C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8, cluster_size=2)]
+           _C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8, cluster_size=2),
+           _C(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8, tail_split=True)]
 _SMALL_GMM = [_C(16, 128, 128, 4, 5), _C(16, 128, 128, 4, 6), _C(16, 64, 128, 4, 6), _C(16, 128, 64, 4, 8),
               _C(32, 128, 128, 4, 4)]
 _TGMM = [_C(128, 256, 64, 8, 3), _C(128, 256, 64, 8, 4), _C(128, 128, 128, 8, 3), _C(256, 128, 64, 8, 3)]
@@ -134,8 +137,8 @@ def candidate_space(key: config_table.Key, space: str) -> list[Config]:
     configs = [dataclasses.replace(c, tma=t) for c in base for t in ((True, False) if gmm_like else (False,))]
     if base is _GMM:  # Clusters only where this Triton has them (elsewhere the one-CTA kernel would run again).
       configs += [c for c in _GMM_WS if c.cluster_size == 1 or gmm_ws_cluster.supported()]
-  if key.op not in ("gmm", "gmm_t"):  # gmm_ws's configs (_GMM's and _GMM_WS) are gmm's and gmm_t's only.
-    configs = [c for c in configs if not c.warp_specialized]
+  if key.op not in ("gmm", "gmm_t"):  # gmm_ws's configs (_GMM's and _GMM_WS) and tail_split are gmm's only.
+    configs = [c for c in configs if not (c.warp_specialized or c.tail_split)]
   if key.op == "tgmm" and key.transpose and key.in_dtype in ("bf16", "fp16") and key.rows > 32:
     configs += _TGMM_WS
   if key.op in config_table.FP8_WS_OPS:  # Clusters only where this Triton has them, for the block recipe.

@@ -204,6 +204,36 @@ class InterpretedGmmTest(InterpretedTestBase):
     if save_preactivation:
       self.assert_close(result[1], want_h, 1e-5, "h")
 
+  @parameterized.product(
+      (dict(sizes=[16, 0, 9, 40], n_out=100, split=1), dict(sizes=[17, 15], n_out=200, split=2),
+       dict(sizes=[13], n_out=200, split=2), dict(sizes=[40, 40, 5], n_out=100, split=0)),
+      (dict(transpose_rhs=False, tma=False, activation=None, existing=False, tma_store=False),
+       dict(transpose_rhs=True, tma=True, activation=None, existing=False, tma_store=False),
+       dict(transpose_rhs=False, tma=True, activation="swiglu", existing=False, tma_store=False),
+       dict(transpose_rhs=False, tma=True, activation="relu", existing=True, tma_store=True)),
+  )
+  def test_tail_split(self, sizes, n_out, split, transpose_rhs, tma, activation, existing, tma_store):
+    """Config.tail_split: the interpreter's 4 programs run T tiles of 16 x 128 (n_out 100 or 200 columns: the
+    second half of a tile partly or wholly past N); where T mod 4 is 1 or 2 (`split`), the last round's tiles run
+    as halves of 64 columns, T = 2 all of them; T mod 4 = 3 runs whole. Both load paths, rhs transposed, swiglu
+    with bias and the pre-activation, existing_out with TMA stores; rows before and after the groups."""
+    n = 2 * n_out if activation == "swiglu" else n_out
+    tiles = sum(-(-size // 16) for size in sizes) * -(-n_out // 128)
+    self.assertEqual(tiles % 4 if 2 * (tiles % 4) <= 4 else 0, split, tiles)
+    m, k, groups = sum(sizes) + 9, 24, len(sizes)
+    lhs, rhs = self.normal((m, k)), self.normal((groups, n, k) if transpose_rhs else (groups, k, n))
+    bias = self.normal((groups, n)) if activation else None
+    existing_out = self.normal((m, n_out)) if existing else None
+    bounds = self.bounds(m, sizes, start=4)
+    config = Config(block_m=16, block_n=128, block_k=16, tma=tma, tma_store=tma_store, tail_split=True)
+    with mock.patch.object(backend_triton.ffi, "triton_call", wraps=backend_triton.ffi.triton_call) as call:
+      out, h = run_gmm(lhs, rhs, bounds, bias, existing_out, transpose_rhs=transpose_rhs, activation=activation,
+                       save_preactivation=True, config=config)
+    self.assertTrue(call.call_args.kwargs["TAIL_SPLIT"])
+    want_out, want_h = gmm_oracle(lhs, rhs, bounds, bias, existing_out, transpose_rhs, activation)
+    self.assert_close(out, want_out, 1e-5, "out")
+    self.assert_close(h, want_h, 1e-5, "h")
+
   @parameterized.named_parameters(
       ("single_group", [37]),
       ("all_empty", [0, 0, 0]),
@@ -515,6 +545,40 @@ class CrossLoweringTest(parameterized.TestCase):
       self.assertEqual((constexprs["BLOCK_N"], constexprs["BLOCK_K"], call.args[6]),
                        (want.block_n, want.block_k, want.num_stages), source)
 
+  @parameterized.product(transpose_rhs=(False, True), warp_specialized=(False, True))
+  def test_tail_split_compiles_for_sm90(self, transpose_rhs, warp_specialized):
+    """Config.tail_split: gmm_ws_kernel with SPLIT and a host descriptor of rhs boxes half as wide, in the layout of
+    the whole boxes (a half lands in a stage's first columns); gmm_kernel with TAIL_SPLIT, whose half boxes come
+    through a descriptor made on the device (global scratch). A non-persistent grid has no last round to split."""
+    dt, s = jnp.bfloat16, jax.ShapeDtypeStruct
+    m, k, n, groups = 8192, 4096, 14336, 8
+    for persistent in (True, False) if not warp_specialized else (True,):
+      config = Config(128, 256, 64, 8, 3, persistent=persistent, warp_specialized=warp_specialized, band_tiles=8,
+                      tail_split=True)
+      before = set(_compile._cache)
+      with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
+          mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
+        jax.jit(lambda l, r, b: backend_triton.gmm(
+            l, r, b, None, None, transpose_rhs=transpose_rhs, out_dtype=dt, activation=None,
+            save_preactivation=False, config=config)).trace(
+                s((m, k), dt), s((groups, n, k) if transpose_rhs else (groups, k, n), dt),
+                s((groups + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
+      (call,) = compile_kernel.call_args_list
+      signature, constexprs = call.args[1], call.args[2]
+      if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
+        self.assertNotIn("SPLIT", constexprs)  # gmm_kernel
+        continue
+      (compiled,) = [_compile._cache[key] for key in set(_compile._cache) - before]
+      self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
+      if warp_specialized:
+        self.assertTrue(constexprs["SPLIT"])
+        whole, half = ("256, 64", "128, 64") if transpose_rhs else ("64, 256", "64, 128")
+        self.assertTrue(signature["rhs_desc"].startswith(f"tensordesc<bf16[{whole}],NVMMASharedLayout("), signature)
+        self.assertEqual(signature["rhs_half_desc"], signature["rhs_desc"].replace(whole, half), signature)
+      else:
+        self.assertEqual(constexprs["TAIL_SPLIT"], persistent)
+        self.assertEqual(compiled.global_scratch_size > 0, persistent)
+
   @parameterized.parameters(False, True)
   def test_gmm_ws_cluster_compiles_for_sm90(self, transpose_rhs):
     """Config.cluster_size 2 (bands of 3 row tiles): under a Triton with Gluon's clusters (>= 3.7) the cluster kernel
@@ -564,7 +628,11 @@ class CrossLoweringTest(parameterized.TestCase):
       ("gmm", jnp.float32, None, Config(64, 256, 32, 4, 4)), ("gmm", jnp.bfloat16, "swiglu", Config(64, 128, 64, 4, 4)),
       ("gmm_t", jnp.float32, None, Config(64, 128, 64, 4, 4)), ("gmm", jnp.bfloat16, None, Config(16, 128, 128, 4, 6)),
       ("tgmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3)), ("tgmm", jnp.float32, None, Config(128, 64, 64, 4, 6)),
-      ("masked", jnp.bfloat16, None, Config(128, 256, 64, 8, 3)))
+      ("masked", jnp.bfloat16, None, Config(128, 256, 64, 8, 3)),
+      ("gmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3, warp_specialized=True, band_tiles=8, tail_split=True)),
+      ("gmm_t", jnp.bfloat16, None, Config(128, 256, 64, 8, 3, tail_split=True)),
+      ("gmm", jnp.bfloat16, None, Config(128, 256, 64, 8, 3, tma_store=True, tail_split=True)),
+      ("gmm", jnp.bfloat16, "swiglu", Config(64, 128, 64, 4, 4, tail_split=True)))
   def test_configs_that_fit_compile_within_sm90s_shared_memory(self, op, out_dtype, activation, config):
     """config_table.fits() (the heuristic's shrinking, the tuner's space) admits config on sm90, and the kernel
     Triton compiles for it stays within sm_90's 227 KiB per block (bf16 inputs; the Triton installed)."""
@@ -672,6 +740,35 @@ class GpuKernelTest(KernelTestBase):
     out = np.asarray(out, np.float32)
     np.testing.assert_array_equal(out[:bounds[0]], 0.0)
     np.testing.assert_array_equal(out[bounds[-1]:], 0.0)
+
+  @parameterized.product(
+      (dict(sizes=[0, 200, 1, 0, 250], k=128, n=512), dict(sizes=[1000, 0, 2000, 37, 1200], k=512, n=1280),
+       dict(sizes=[1100, 900, 1024, 1030, 1018, 1024, 1000, 1096], k=256, n=2048),
+       dict(sizes=[3000, 2000, 1, 3191], k=256, n=1536)),
+      kernel=("ws", "gk", "gk_swiglu_bias"),
+      transpose_rhs=(False, True),
+  )
+  def test_tail_split(self, sizes, k, n, kernel, transpose_rhs):
+    """Config.tail_split on both persistent kernels at 128 x 256 tiles, bf16: bit for bit the same config's output
+    without it (a half sums the same products in the same order), and the oracle's within bf16 rounding. On 132 SMs
+    the cases run every tile as halves (a few tiles), a last round of 43 or 16 tiles as halves, and none (T a
+    multiple of 132); rows before and after the groups, an empty group, a group of one row."""
+    dt = jnp.bfloat16
+    m, groups = sum(sizes) + 100, len(sizes)
+    swiglu = kernel == "gk_swiglu_bias"
+    width = 2 * n if swiglu else n
+    lhs = self.normal((m, k), dt)
+    rhs = self.normal((groups, width, k) if transpose_rhs else (groups, k, width), dt)
+    bias = self.normal((groups, width), dt) if swiglu else None
+    bounds = self.bounds(m, sizes, start=60)
+    base = Config(128, 256, 64, 8, 3, warp_specialized=kernel == "ws", band_tiles=8 if kernel == "ws" else 1)
+    whole, split = (run_gmm(lhs, rhs, bounds, bias, transpose_rhs=transpose_rhs, out_dtype=dt,
+                            activation="swiglu" if swiglu else None, config=dataclasses.replace(base, tail_split=s))
+                    for s in (False, True))
+    np.testing.assert_array_equal(np.asarray(split, np.float32), np.asarray(whole, np.float32))
+    want = gmm_oracle(np.float32(lhs), np.float32(rhs), bounds, None if bias is None else np.float32(bias), None,
+                      transpose_rhs, "swiglu" if swiglu else None)[0]
+    self.assert_close(split, want, GPU_TOLERANCE["bf16"])
 
   @parameterized.product(activation=ACTIVATIONS, dtype=("bf16", "f32"))
   def test_gmm_epilogue(self, activation, dtype):

@@ -242,6 +242,9 @@ CONFIG_CASES = [
     ("band_tiles_0", {"band_tiles": 0}, ValueError, r"config.band_tiles must be an int in \[1, 64\], got 0"),
     ("band_tiles_float", {"band_tiles": 8.0}, TypeError, r"config.band_tiles must be a Python int, got 8.0"),
     ("cluster_size_4", {"cluster_size": 4}, ValueError, r"config.cluster_size must be 1 or 2, got 4"),
+    ("tail_split_int", {"tail_split": 1}, TypeError, r"config.tail_split must be a bool, got 1"),
+    ("tail_split_block_n_64", {"tail_split": True, "block_n": 64}, ValueError,
+     r"config.tail_split needs block_n >= 128 \(halves of 64 columns or more\), got block_n 64"),
 ]
 
 

@@ -201,12 +201,24 @@ def store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N: tl.constexpr, 
 
 
 @triton.jit
+def _half_rhs_descriptor(rhs_ptr, K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
+  """The host rhs descriptor's view (see the module docstring) made on the device, boxes BLOCK_N / 2 columns wide."""
+  if TRANSPOSE_RHS:
+    return tl.make_tensor_descriptor(rhs_ptr, shape=[G, N // N_OUT, N_OUT, K], strides=[N * K, N_OUT * K, K, 1],
+                                     block_shape=[1, 1, BLOCK_N // 2, BLOCK_K])
+  else:
+    return tl.make_tensor_descriptor(rhs_ptr, shape=[G, K, N // N_OUT, N_OUT], strides=[K * N, N, N_OUT, 1],
+                                     block_shape=[1, BLOCK_K, 1, BLOCK_N // 2])
+
+
+@triton.jit
 def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
                ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, TAIL_SPLIT: tl.constexpr):
   """Grouped matmul over a static tile schedule.
 
   bounds (G + 1,) int32: rows of group g are [bounds[g], bounds[g + 1]). Tiles are numbered group by group
@@ -219,7 +231,9 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
   bias_ptr/existing_ptr/h_ptr are unused placeholders when their flag is off. TMA_STORE (with USE_TMA, M <= 2^30):
   the group tiles of out are stored through a device-side descriptor (Triton global scratch); the zero tiles
-  through pointers either way.
+  through pointers either way. TAIL_SPLIT (persistent grids, BLOCK_N >= 128): where the last round of group tiles
+  (num_tiles mod P of them) holds at most P / 2, they run after the fused loop as their column halves, half
+  (tile, piece) in program 2 (tile - kept) + piece: the rhs through a device-made descriptor of half-wide boxes.
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
@@ -231,12 +245,31 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
 
   num_programs = tl.num_programs(0)
   pid = tl.program_id(0)
-  for tile in tl.range(pid, num_tiles, num_programs, flatten=True):
+  kept = num_tiles  # The tiles run whole: all, or those before a last round that runs as halves.
+  if TAIL_SPLIT:
+    if 2 * (num_tiles % num_programs) <= num_programs:
+      kept = num_tiles - num_tiles % num_programs
+  for tile in tl.range(pid, kept, num_programs, flatten=True):
     g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
                                            GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
+  if TAIL_SPLIT:
+    if pid < 2 * (num_tiles - kept):
+      g, row_start, m_g, mi, ni = group_tile(kept + pid // 2, group, starts, rows, group_tiles, tiles_end, BLOCK_M,
+                                             N_TILES, GROUP_M)
+      if USE_TMA:
+        rhs_half_desc = _half_rhs_descriptor(rhs_ptr, K, N, N_OUT, G, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
+      else:
+        rhs_half_desc = rhs_desc
+      if TMA_STORE:
+        out_half_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 4)
+      else:
+        out_half_desc = out_ptr
+      gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_half_desc, out_half_desc,
+               g, row_start, m_g, m_g, mi, 2 * ni + pid % 2, K, N, N_OUT, BLOCK_M, BLOCK_N // 2, BLOCK_K,
+               TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
 
   if SAVE_PRE or not ACCUMULATE:
     store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N, N_OUT, G, BLOCK_M, BLOCK_N, ACCUMULATE, SAVE_PRE)

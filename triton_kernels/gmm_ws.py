@@ -106,18 +106,52 @@ def consumer_tile(schedule_ptr, t, num_n, R_MAX: gl.constexpr, H: gl.constexpr, 
 
 
 @gluon.jit
+def split_schedule(schedule_ptr, num_n, SPLIT: gl.constexpr):
+  """(kept, total): the tile loop's tiles [0, kept) are tile_of's, run whole; with SPLIT, where the last round of
+  tile_of's `wide` tiles (wide mod programs of them) fits the grid twice over, its tiles run as their column halves,
+  tiles [kept, total) (two per tile of the round: split_tile)."""
+  wide = gl.load(schedule_ptr) * num_n
+  kept = wide
+  if SPLIT:
+    last = wide % gl.num_programs(0)
+    if 2 * last <= gl.num_programs(0):
+      kept = wide - last
+  return kept, 2 * wide - kept
+
+
+@gluon.jit
+def split_tile(t, kept, SPLIT: gl.constexpr):
+  """(tile_of's tile, piece) of tile t of split_schedule's loop: piece -1 for a whole tile (always without SPLIT,
+  a constant), else its column half (0, 1) of tile kept + (t - kept) // 2."""
+  if SPLIT:
+    wide = t
+    piece = t - t - 1
+    if t >= kept:
+      wide = kept + (t - kept) // 2
+      piece = (t - kept) % 2
+    return wide, piece
+  else:
+    return t, -1
+
+
+@gluon.jit
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-           TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr):
+           TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr, rhs_half_desc=None,
+           SPLIT: gl.constexpr = False):
   """Per step of each tile holding rows of its group: waits until the consumers released the stage (with CTAS = 2,
   gmm_ws_cluster_kernel's, also the cluster's four on cluster_empty: a wait in CTA 0 only), then fills it
-  (load_stage; a tile is CTAS BLOCK_N columns wide)."""
+  (load_stage; a tile is CTAS BLOCK_N columns wide). SPLIT (CTAS = 1): over split_schedule's tiles, a half's rhs box
+  through rhs_half_desc (rhs_desc's view, boxes BLOCK_N / 2 wide) into the stage's first columns."""
+  gl.static_assert(CTAS == 1 or not SPLIT, "clusters run their tiles whole")
   cols: gl.constexpr = CTAS * BLOCK_N
   num_n: gl.constexpr = (N + cols - 1) // cols
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+  kept, total = split_schedule(schedule_ptr, num_n, SPLIT)
   step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    g, row0, rows, _, ni = tile_of(schedule_ptr, t, num_n, R_MAX, BAND)
+  for t in range(gl.program_id(0), total, gl.num_programs(0)):
+    wide, piece = split_tile(t, kept, SPLIT)
+    g, row0, rows, _, ni = tile_of(schedule_ptr, wide, num_n, R_MAX, BAND)
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
@@ -126,8 +160,12 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
         mbarrier.wait(empty_bar, phase)
         if CTAS == 2:
           mbarrier.wait(cluster_empty.index(slot), phase)
-        load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, cols,
-                   BLOCK_K, TRANSPOSE_RHS, CTAS=CTAS)
+        if not SPLIT or piece < 0:
+          load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, cols,
+                     BLOCK_K, TRANSPOSE_RHS, CTAS=CTAS)
+        else:
+          load_stage(lhs_desc, rhs_half_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, 2 * ni + piece,
+                     kk, K, N, BLOCK_N // 2, BLOCK_K, TRANSPOSE_RHS, COLS=BLOCK_N // 2)
         step += 1
 
 
@@ -267,12 +305,14 @@ def store_half(out_ptr, out_desc, c_buf, acc, row, col, rows, WIDTH: gl.constexp
 def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, cluster_empty, K: gl.constexpr,
              N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
              TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, H: gl.constexpr, BAND: gl.constexpr,
-             CTAS: gl.constexpr):
+             CTAS: gl.constexpr, SPLIT: gl.constexpr = False):
   """Consumer H: rows [64 H, 64 H + 64) of each tile, a 64 x BLOCK_N fp32 accumulator per CTA. CTAS = 2
   (gmm_ws_cluster_kernel): a tile is 2 BLOCK_N columns wide, its accumulator and output halves cluster-level tensors
   split by columns (each CTA BLOCK_N), and every stage is also released on the cluster's cluster_empty (unused with
-  CTAS = 1)."""
+  CTAS = 1). SPLIT (CTAS = 1): over split_schedule's tiles, a column half through a 64 x BLOCK_N / 2 accumulator,
+  the stages' and the output buffer's first BLOCK_N / 2 columns and a descriptor of half-wide boxes."""
   cols: gl.constexpr = CTAS * BLOCK_N
+  NARROW: gl.constexpr = BLOCK_N // 2
   if CTAS == 1:
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
@@ -282,16 +322,30 @@ def consumer(schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, clu
   num_n: gl.constexpr = (N + cols - 1) // cols
   k_steps: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, cols], OUT_LAYOUT)
+  if SPLIT:
+    half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                          instr_shape=[16, NARROW, 16])
+    out_half_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [HALF, NARROW], OUT_LAYOUT)
+  kept, total = split_schedule(schedule_ptr, num_n, SPLIT)
   step = 0
-  for t in range(gl.program_id(0), gl.load(schedule_ptr) * num_n, gl.num_programs(0)):
-    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, t, num_n, R_MAX, H, BAND)
-    acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
-    acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps, S,
-                       TRANSPOSE_RHS, H, CTAS)
+  for t in range(gl.program_id(0), total, gl.num_programs(0)):
+    wide, piece = split_tile(t, kept, SPLIT)
+    _, row, rows, half_rows, half_store, ni = consumer_tile(schedule_ptr, wide, num_n, R_MAX, H, BAND)
+    if not SPLIT or piece < 0:
+      acc = gl.zeros((HALF, cols), dtype=gl.float32, layout=acc_layout)
+      acc = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, half_rows, k_steps, S,
+                         TRANSPOSE_RHS, H, CTAS)
+      if half_store > 0:
+        store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
+    else:
+      acc_half = gl.zeros((HALF, NARROW), dtype=gl.float32, layout=half_layout)
+      acc_half = tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc_half, step, rows, half_rows, k_steps,
+                              S, TRANSPOSE_RHS, H, CTAS, COLS=NARROW)
+      if half_store > 0:
+        store_half(out_ptr, out_half_desc, c_bufs.index(H).slice(0, NARROW, dim=1), acc_half, row,
+                   ni * BLOCK_N + piece * NARROW, half_store, N, NARROW, OUT_LAYOUT)
     if rows > 0:
       step += k_steps
-    if half_store > 0:
-      store_half(out_ptr, out_desc, c_bufs.index(H), acc, row, ni * cols, half_store, N, cols, OUT_LAYOUT)
   tma.store_wait(pendings=0)
 
 
@@ -321,20 +375,22 @@ def tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, h
 
 
 @gluon.jit
-def gmm_ws_kernel(lhs_desc, rhs_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr, R_MAX: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr, TRANSPOSE_RHS: gl.constexpr,
-                  OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr):
+def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
+                  R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
+                  TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, SPLIT: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
-  shared-memory layout OUT_LAYOUT); BAND: tile_of's order."""
+  shared-memory layout OUT_LAYOUT); BAND: tile_of's order. SPLIT: the last round's tiles as column halves
+  (split_schedule), their rhs boxes through rhs_half_desc (rhs_desc's view, boxes BLOCK_N / 2 wide, of the same
+  shared-memory layout; unused without SPLIT)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
-                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1)),
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 0, BAND, 1, SPLIT)),
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
-                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1)),
+                  BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1, SPLIT)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N, BLOCK_K,
-                S, TRANSPOSE_RHS, BAND, 1)),
+                S, TRANSPOSE_RHS, BAND, 1, rhs_half_desc, SPLIT)),
   ], [4, 1], [232, 40])
 
 
