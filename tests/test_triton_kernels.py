@@ -749,10 +749,11 @@ class GpuKernelTest(KernelTestBase):
       transpose_rhs=(False, True),
   )
   def test_tail_split(self, sizes, k, n, kernel, transpose_rhs):
-    """Config.tail_split on both persistent kernels at 128 x 256 tiles, bf16: bit for bit the same config's output
-    without it (a half sums the same products in the same order), and the oracle's within bf16 rounding. On 132 SMs
-    the cases run every tile as halves (a few tiles), a last round of 43 or 16 tiles as halves, and none (T a
-    multiple of 132); rows before and after the groups, an empty group, a group of one row."""
+    """Config.tail_split on both persistent kernels, bf16, the table's tiles (128 x 256; 128 x 128 with swiglu): bit
+    for bit the same config's output without it (a half sums the same products in the same order), and the oracle's
+    within bf16 rounding. On 132 SMs the cases run every tile as halves (a few tiles), a last round of a few tiles
+    as halves, and whole rounds only (T a multiple of 132 at 128 x 256); rows before and after the groups, an empty
+    group, a group of one row."""
     dt = jnp.bfloat16
     m, groups = sum(sizes) + 100, len(sizes)
     swiglu = kernel == "gk_swiglu_bias"
@@ -761,7 +762,8 @@ class GpuKernelTest(KernelTestBase):
     rhs = self.normal((groups, width, k) if transpose_rhs else (groups, k, width), dt)
     bias = self.normal((groups, width), dt) if swiglu else None
     bounds = self.bounds(m, sizes, start=60)
-    base = Config(128, 256, 64, 8, 3, warp_specialized=kernel == "ws", band_tiles=8 if kernel == "ws" else 1)
+    base = Config(128, 128 if swiglu else 256, 64, 8, 3, warp_specialized=kernel == "ws",  # The table's tiles.
+                  band_tiles=8 if kernel == "ws" else 1)
     whole, split = (run_gmm(lhs, rhs, bounds, bias, transpose_rhs=transpose_rhs, out_dtype=dt,
                             activation="swiglu" if swiglu else None, config=dataclasses.replace(base, tail_split=s))
                     for s in (False, True))
