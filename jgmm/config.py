@@ -53,8 +53,9 @@ class Config:
   tail_split: persistent gmm_kernel and the one-CTA bf16 warp-specialised gmm: where the tile loop's last round
     holds at most half the grid's programs (T tiles on P programs: T mod P <= P / 2, a runtime count), each of its
     tiles runs as its two column halves (block_n / 2 wide) on two programs, so the round ends about half a tile
-    sooner (mixtral's forward and d lhs 1.01-1.06x on an H200: docs/perf-notes.md, Session 48). block_n >= 128;
-    other kernels ignore it.
+    sooner (on an H200 the compute-bound forwards and d lhs of mixtral and dsv3 gate-up 1.009-1.038x interleaved,
+    1.009-1.023x sustained; qwen3's 0.97-1.00x: docs/perf-notes.md, Session 48). block_n >= 128; other kernels
+    ignore it.
   """
   block_m: int = 128
   block_n: int = 128
