@@ -121,8 +121,9 @@ def split_schedule(schedule_ptr, num_n, SPLIT: gl.constexpr):
 
 @gluon.jit
 def split_tile(t, kept, SPLIT: gl.constexpr):
-  """(tile_of's tile, piece) of tile t of split_schedule's loop: piece -1 for a whole tile (always without SPLIT,
-  a constant), else its column half (0, 1) of tile kept + (t - kept) // 2."""
+  """(tile_of's tile, piece) of tile t of split_schedule's loop: piece -1 for a whole tile (always without SPLIT),
+  else its column half (0, 1) of tile kept + (t - kept) // 2. (Gluon tests `piece < 0` at run time even where piece
+  is the literal -1: callers branch on `not SPLIT or piece < 0`, which SPLIT = False settles when compiling.)"""
   if SPLIT:
     wide = t
     piece = t - t - 1
