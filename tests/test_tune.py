@@ -457,8 +457,9 @@ class CandidatesTest(absltest.TestCase):
 
   def test_bf16_ws_orders_and_clusters_are_screened_where_they_run(self):
     """gmm and gmm_t keys screen the ws kernel in bands of 8, and on 2-CTA clusters only where this Triton has them
-    (elsewhere the cluster configs would time the one-CTA kernel again); masked keys and tgmm keys with lhs (K, M)
-    screen neither (the transposed tgmm's bands: test_bf16_tgmm_screens_its_ws_kernel_in_the_gmm_backward_layout)."""
+    (elsewhere the cluster configs would time the one-CTA kernel again), and Config.tail_split on both persistent
+    kernels; masked keys and tgmm keys with lhs (K, M) screen none of them (the transposed tgmm's bands:
+    test_bf16_tgmm_screens_its_ws_kernel_in_the_gmm_backward_layout)."""
     for supported in (False, True):
       with mock.patch.object(tune.gmm_ws_cluster, "supported", return_value=supported):
         for op in ("gmm", "gmm_t", "tgmm", "masked"):
@@ -467,6 +468,7 @@ class CandidatesTest(absltest.TestCase):
           ws = op in ("gmm", "gmm_t")
           self.assertEqual(any(c.band_tiles == 8 and c.cluster_size == 1 for c in configs), ws, (op, supported))
           self.assertEqual(any(c.cluster_size == 2 for c in configs), ws and supported, (op, supported))
+          self.assertEqual({c.warp_specialized for c in configs if c.tail_split}, {False, True} if ws else set())
           self.assertTrue(all(c.warp_specialized for c in configs if c.band_tiles > 1 or c.cluster_size > 1))
 
   def test_bf16_tgmm_screens_its_ws_kernel_in_the_gmm_backward_layout(self):
