@@ -243,7 +243,8 @@ def _xla(lhs, rhs, scales, transpose_lhs, transpose_rhs, out_dtype, precision, c
 
 def _default_config(shapes, dtype, out_dtype, transpose_rhs, recipe, device):
   """The config gmm would take for the largest problem's (M, K, N) as one group (JGMM_CONFIG, the tuned table or
-  the heuristic; FP8 gmm's for the scale recipe's name `recipe`), its tile shrunk to the largest M and N."""
+  the heuristic; FP8 gmm's for the scale recipe's name `recipe`), its tile shrunk to the largest M and N, without
+  gmm's tail_split (these kernels run every tile whole; a tile under 128 columns cannot take it)."""
   from jgmm import config_table
   from jgmm.triton_kernels import geometry
   max_m, max_n, max_k = (max(s[d] for s in shapes) for d in range(3))
@@ -253,7 +254,7 @@ def _default_config(shapes, dtype, out_dtype, transpose_rhs, recipe, device):
   choice = config_table.select(key, arch=device.arch, device_kind=device.kind)
   config = choice.config if choice.backend == "triton" else config_table.heuristic_config(key, device.arch)
   return dataclasses.replace(config, block_m=min(config.block_m, max(16, geometry.next_pow2(max_m))),
-                             block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))))
+                             block_n=min(config.block_n, max(16, geometry.next_pow2(max_n))), tail_split=False)
 
 
 def _fp8_ws_ok(shapes, out_dtype, transpose_rhs, config, device):
