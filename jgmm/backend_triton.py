@@ -107,16 +107,20 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   out_block = (gmm_ws.HALF.value, cols)
   rhs_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
       rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT))
+  schedule = _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M)
   if cluster:
     kernel, descriptors, split = gmm_ws_cluster.gmm_ws_cluster_kernel, (rhs_desc,), {}
-  else:  # The half tiles' rhs boxes (config.tail_split; Config keeps them 64 columns or more, the same layout).
-    half_block = (cols // 2, config.block_k) if transpose_rhs else (config.block_k, cols // 2)
-    descriptors = (rhs_desc, ffi.TensorDescriptor(rhs.reshape(rhs_view), half_block,
-                                                  layout=layout(half_block, rhs.dtype, None)))
-    kernel, split = gmm_ws.gmm_ws_kernel, {"SPLIT": config.tail_split}
+  else:  # The half tiles' rhs boxes (config.tail_split; Config keeps them 64 columns or more, the same layout);
+    # without the split the schedule stands in, a placeholder the kernel never touches.
+    rhs_half_desc = schedule
+    if config.tail_split:
+      half_block = (cols // 2, config.block_k) if transpose_rhs else (config.block_k, cols // 2)
+      rhs_half_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), half_block,
+                                           layout=layout(half_block, rhs.dtype, None))
+    kernel, descriptors, split = gmm_ws.gmm_ws_kernel, (rhs_desc, rhs_half_desc), {"SPLIT": config.tail_split}
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)), *descriptors,
-      _row_tiles(bounds, m, row_tiles, gmm_ws.BLOCK_M), m,
+      schedule, m,
       kernel=kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(min(device.num_sms // ctas, row_tiles * geometry.cdiv(n, cols)),), num_ctas=ctas,
@@ -202,25 +206,31 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
   accumulate = existing_out is not None
   out_shapes = [jax.ShapeDtypeStruct((m, n_out), out_dtype),
                 jax.ShapeDtypeStruct((m, n) if save_preactivation else (1,), out_dtype)]
-  if transpose_rhs:
-    rhs_view, rhs_block = (num_groups, n // n_out, n_out, k), (1, 1, config.block_n, config.block_k)
-  else:
-    rhs_view, rhs_block = (num_groups, k, n // n_out, n_out), (1, config.block_k, 1, config.block_n)
-  lhs_desc, rhs_desc = _descriptors(use_tma, lhs, (config.block_m, config.block_k), rhs, rhs_view, rhs_block)
+  rhs_view = (num_groups, n // n_out, n_out, k) if transpose_rhs else (num_groups, k, n // n_out, n_out)
+
+  def rhs_box(cols):
+    return (1, 1, cols, config.block_k) if transpose_rhs else (1, config.block_k, 1, cols)
+
+  lhs_desc, rhs_desc = _descriptors(use_tma, lhs, (config.block_m, config.block_k), rhs, rhs_view,
+                                    rhs_box(config.block_n))
+  tail_split = config.tail_split and config.persistent
   # Absent operands are passed as `bounds`, a placeholder the kernel never touches.
+  rhs_half_desc = bounds
+  if tail_split and use_tma:  # The last round's column halves: rhs boxes half as wide.
+    rhs_half_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_box(config.block_n // 2))
   out, h = ffi.triton_call(
-      lhs, rhs, lhs_desc, rhs_desc, bounds, bounds if bias is None else bias,
+      lhs, rhs, lhs_desc, rhs_desc, rhs_half_desc, bounds, bounds if bias is None else bias,
       existing_out if accumulate else bounds, m,
       kernel=gmm_kernels.gmm_kernel, out_shape=out_shapes,
       grid=geometry.gmm_grid(m, n_out, num_groups, config.block_m, config.block_n,
                              _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
-      input_output_aliases={6: 0} if accumulate else None, name="jgmm_gmm",
+      input_output_aliases={7: 0} if accumulate else None, name="jgmm_gmm",
       K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
       SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision),
-      TAIL_SPLIT=config.tail_split and config.persistent)
+      TAIL_SPLIT=tail_split)
   return (out, h) if save_preactivation else out
 
 

@@ -545,17 +545,17 @@ class CrossLoweringTest(parameterized.TestCase):
       self.assertEqual((constexprs["BLOCK_N"], constexprs["BLOCK_K"], call.args[6]),
                        (want.block_n, want.block_k, want.num_stages), source)
 
-  @parameterized.product(transpose_rhs=(False, True), warp_specialized=(False, True))
-  def test_tail_split_compiles_for_sm90(self, transpose_rhs, warp_specialized):
-    """Config.tail_split: gmm_ws_kernel with SPLIT and a host descriptor of rhs boxes half as wide, in the layout of
-    the whole boxes (a half lands in a stage's first columns); gmm_kernel with TAIL_SPLIT, whose half boxes come
-    through a descriptor made on the device (global scratch). A non-persistent grid has no last round to split."""
+  @parameterized.product(transpose_rhs=(False, True), warp_specialized=(False, True), split=(False, True))
+  def test_tail_split_compiles_for_sm90(self, transpose_rhs, warp_specialized, split):
+    """Config.tail_split: both kernels take a host descriptor of rhs boxes half as wide as rhs_desc's, in its
+    layout (gmm_ws_kernel: a half lands in a stage's first columns); gmm_kernel makes no descriptor on the device
+    (no global scratch) and, non-persistent, has no last round to split. Without the split the parameter is a
+    placeholder pointer (no descriptor encoded per launch)."""
     dt, s = jnp.bfloat16, jax.ShapeDtypeStruct
     m, k, n, groups = 8192, 4096, 14336, 8
     for persistent in (True, False) if not warp_specialized else (True,):
       config = Config(128, 256, 64, 8, 3, persistent=persistent, warp_specialized=warp_specialized, band_tiles=8,
-                      tail_split=True)
-      before = set(_compile._cache)
+                      tail_split=split)
       with mock.patch.dict(os.environ, {"JGMM_TARGET": "cuda:90"}), \
           mock.patch.object(_compile, "compile_kernel", wraps=_compile.compile_kernel) as compile_kernel:
         jax.jit(lambda l, r, b: backend_triton.gmm(
@@ -568,16 +568,21 @@ class CrossLoweringTest(parameterized.TestCase):
       if not _jaxlib.supports_tma_descriptors(_jaxlib.plugin("cuda")):
         self.assertNotIn("SPLIT", constexprs)  # gmm_kernel
         continue
-      (compiled,) = [_compile._cache[key] for key in set(_compile._cache) - before]
+      compiled = _compile.compile_kernel(*call.args, **call.kwargs)  # The compiled kernel, from the cache.
       self.assertLessEqual(compiled.shared_mem_bytes, 227 * 1024)
       if warp_specialized:
-        self.assertTrue(constexprs["SPLIT"])
+        self.assertEqual(constexprs["SPLIT"], split)
         whole, half = ("256, 64", "128, 64") if transpose_rhs else ("64, 256", "64, 128")
         self.assertTrue(signature["rhs_desc"].startswith(f"tensordesc<bf16[{whole}],NVMMASharedLayout("), signature)
+      else:
+        self.assertEqual(constexprs["TAIL_SPLIT"], split and persistent)
+        whole, half = ("1, 1, 256, 64", "1, 1, 128, 64") if transpose_rhs else ("1, 64, 1, 256", "1, 64, 1, 128")
+        self.assertTrue(signature["rhs_desc"].startswith(f"tensordesc<bf16[{whole}]"), signature)
+        self.assertEqual(compiled.global_scratch_size, 0)  # No descriptor made on the device.
+      if split and persistent:
         self.assertEqual(signature["rhs_half_desc"], signature["rhs_desc"].replace(whole, half), signature)
       else:
-        self.assertEqual(constexprs["TAIL_SPLIT"], persistent)
-        self.assertEqual(compiled.global_scratch_size > 0, persistent)
+        self.assertEqual(signature["rhs_half_desc"], "*i32", signature)
 
   @parameterized.parameters(False, True)
   def test_gmm_ws_cluster_compiles_for_sm90(self, transpose_rhs):

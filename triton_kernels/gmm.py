@@ -201,20 +201,8 @@ def store_zero_tiles(bounds_ptr, M, out_ptr, h_ptr, num_tiles, N: tl.constexpr, 
 
 
 @triton.jit
-def _half_rhs_descriptor(rhs_ptr, K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
-  """The host rhs descriptor's view (see the module docstring) made on the device, boxes BLOCK_N / 2 columns wide."""
-  if TRANSPOSE_RHS:
-    return tl.make_tensor_descriptor(rhs_ptr, shape=[G, N // N_OUT, N_OUT, K], strides=[N * K, N_OUT * K, K, 1],
-                                     block_shape=[1, 1, BLOCK_N // 2, BLOCK_K])
-  else:
-    return tl.make_tensor_descriptor(rhs_ptr, shape=[G, K, N // N_OUT, N_OUT], strides=[K * N, N, N_OUT, 1],
-                                     block_shape=[1, BLOCK_K, 1, BLOCK_N // 2])
-
-
-@triton.jit
-def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr, h_ptr,
-               K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
+def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, bias_ptr, existing_ptr, M, out_ptr,
+               h_ptr, K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
                ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
@@ -229,11 +217,12 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
   registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
   epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
-  bias_ptr/existing_ptr/h_ptr are unused placeholders when their flag is off. TMA_STORE (with USE_TMA, M <= 2^30):
+  bias_ptr/existing_ptr/h_ptr/rhs_half_desc are unused placeholders when their flag is off. TMA_STORE (with USE_TMA, M <= 2^30):
   the group tiles of out are stored through a device-side descriptor (Triton global scratch); the zero tiles
   through pointers either way. TAIL_SPLIT (persistent grids, BLOCK_N >= 128): where the last round of group tiles
   (num_tiles mod P of them) holds at most P / 2, they run after the fused loop as their column halves, half
-  (tile, piece) in program 2 (tile - kept) + piece: the rhs through a device-made descriptor of half-wide boxes.
+  (tile, piece) in program 2 (tile - kept) + piece; with USE_TMA their rhs boxes come through rhs_half_desc
+  (rhs_desc's view, boxes BLOCK_N / 2 columns wide).
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
@@ -259,10 +248,6 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, bias_ptr, exist
     if pid < 2 * (num_tiles - kept):
       g, row_start, m_g, mi, ni = group_tile(kept + pid // 2, group, starts, rows, group_tiles, tiles_end, BLOCK_M,
                                              N_TILES, GROUP_M)
-      if USE_TMA:
-        rhs_half_desc = _half_rhs_descriptor(rhs_ptr, K, N, N_OUT, G, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
-      else:
-        rhs_half_desc = rhs_desc
       if TMA_STORE:
         out_half_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 4)
       else:

@@ -383,7 +383,7 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, M, out_ptr, K
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT); BAND: tile_of's order. SPLIT: the last round's tiles as column halves
   (split_schedule), their rhs boxes through rhs_half_desc (rhs_desc's view, boxes BLOCK_N / 2 wide, of the same
-  shared-memory layout; unused without SPLIT)."""
+  shared-memory layout; without SPLIT a placeholder, never read)."""
   a_bufs, b_bufs, c_bufs, ready, empty = allocate(lhs_desc, rhs_desc, out_ptr, BLOCK_N, S, OUT_LAYOUT)
   gl.warp_specialize([
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
