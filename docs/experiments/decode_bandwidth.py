@@ -25,13 +25,18 @@ def main():
   inp = Inputs(m, k, n, g)
   bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
   device = backend_triton._device()  # pylint: disable=protected-access
-  table = config_table.select(config_table.make_key("gmm", "bfloat16", "bfloat16", m / g, k, n, g),
-                              arch=device.arch, device_kind=device.kind).config
+  key = config_table.make_key("gmm", "bfloat16", "bfloat16", m / g, k, n, g)
+  table = config_table.select(key, arch=device.arch, device_kind=device.kind).config
   variants = {"table": table}
-  for field, values in (("block_n", (64, 256)), ("block_k", (64, 256)), ("num_stages", (3, 4, 6, 8)),
-                        ("programs_per_sm", (2,)), ("tma", (not table.tma,)), ("persistent", (False,))):
-    for value in values:
-      variants[f"{field} {value}"] = dataclasses.replace(table, **{field: value})
+  changes = [{field: value} for field, values in (
+      ("block_n", (64, 256)), ("block_k", (64, 256)), ("num_stages", (3, 4, 6, 8)), ("programs_per_sm", (2,)),
+      ("tma", (not table.tma,)), ("persistent", (False,))) for value in values]
+  changes += [{"block_n": 256, "num_stages": 3}, {"block_k": 256, "num_stages": 3}, {"block_n": 64, "num_stages": 8},
+              {"block_n": 64, "programs_per_sm": 2, "num_stages": 3}]
+  for change in changes:
+    config = dataclasses.replace(table, **change)
+    if config_table.fits(key, config, device.arch) and config != table:
+      variants[", ".join(f"{field} {value}" for field, value in change.items())] = config
   gmm_bytes = 2 * (m * k + g * k * n + m * n)
   big = jax.random.normal(jax.random.key(1), (2**30,), jnp.bfloat16)  # 2 GiB
   fns = {"read-only sum (2 GiB)": (functools.partial(jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32)), big),
