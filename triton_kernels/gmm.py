@@ -217,12 +217,12 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
   registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
   epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
-  bias_ptr/existing_ptr/h_ptr/rhs_half_desc are unused placeholders when their flag is off. TMA_STORE (with USE_TMA, M <= 2^30):
-  the group tiles of out are stored through a device-side descriptor (Triton global scratch); the zero tiles
-  through pointers either way. TAIL_SPLIT (persistent grids, BLOCK_N >= 128): where the last round of group tiles
-  (num_tiles mod P of them) holds at most P / 2, they run after the fused loop as their column halves, half
-  (tile, piece) in program 2 (tile - kept) + piece; with USE_TMA their rhs boxes come through rhs_half_desc
-  (rhs_desc's view, boxes BLOCK_N / 2 columns wide).
+  bias_ptr/existing_ptr/h_ptr/rhs_half_desc are unused placeholders when their flag is off. TMA_STORE (with
+  USE_TMA, M <= 2^30): the group tiles of out are stored through a device-side descriptor (Triton global scratch);
+  the zero tiles through pointers either way. TAIL_SPLIT (persistent grids, BLOCK_N >= 128): where the last round
+  of group tiles (num_tiles mod P of them) holds at most P / 2, they run after the fused loop as their column
+  halves, half (tile, piece) in program 2 (tile - kept) + piece; with USE_TMA their rhs boxes come through
+  rhs_half_desc (rhs_desc's view, boxes BLOCK_N / 2 columns wide).
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
   group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
