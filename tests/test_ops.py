@@ -16,7 +16,7 @@ from absl.testing import absltest, parameterized
 from jax.test_util import check_grads
 
 import jgmm
-from jgmm import oracle
+from jgmm import oracle, ops
 
 ON_GPU = jax.devices()[0].platform == "gpu"
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
@@ -255,6 +255,24 @@ class TritonOpsTest(OpsTestBase):
     if self.interpret:
       self.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
     super().setUp()
+
+
+class GroupBoundsTest(seeded.SeededTestCase):
+  """ops.group_bounds against int64 prefix sums: by a cumsum where G * M < 2^31, by a scan clipped at M past it
+  (every group full there overflows an int32 cumsum)."""
+
+  @parameterized.product(m=(1000, 2**29), kind=("random", "full", "huge", "negative"), offset=(None, 3))
+  def test_group_bounds(self, m, kind, offset):
+    total, g = 12, 8
+    sizes = {"random": self.rng.integers(0, 2 * m // total, total), "full": np.full(total, m),
+             "huge": self.rng.integers(2**31, 2**32, total), "negative": self.rng.integers(-m, m, total)}[kind]
+    sizes = np.asarray(sizes, np.int32 if kind == "negative" else np.uint32)
+    ends = np.minimum(np.cumsum(np.clip(sizes.astype(np.int64), 0, m)), m)
+    edges = np.concatenate([[0], ends, np.full(g, ends[-1])])
+    first, count = (offset, g) if offset else (0, total)
+    bounds = jax.jit(lambda s: ops.group_bounds(s, offset, count, m))(jnp.asarray(sizes))
+    np.testing.assert_array_equal(bounds, edges[first:first + count + 1])
+    self.assertEqual(bounds.dtype, jnp.int32)
 
 
 del OpsTestBase  # Run only through the backend subclasses.

@@ -1,42 +1,93 @@
-"""A/B of two config tables: for every case and kernel (gmm forward, gmm_t = d lhs, tgmm = d rhs) whose entries
-differ, both configs timed interleaved through backend_triton with precomputed bounds (session 7: the H200-tuned
-configs/sm90.json against one tuned on an H100).  python docs/experiments/table_ab.py CANDIDATE.json [case,...]
-(CANDIDATE.json: a schema-2 table; python -m jgmm.bench_tuned now does this for any table.)"""
-import functools, sys
-import jax, jax.numpy as jnp
-from jgmm import backend_triton, config_table
-from jgmm.bench import CASES, Inputs
-from jgmm.timing import jax_sync, time_interleaved
-from jgmm.ops import group_bounds
+"""A/B of a candidate table against the table this GPU reads now (the shipped one with its Triton overlay, under
+JGMM_CONFIG_FILES): for every benchmark case with a kernel (gmm forward, gmm_t = d lhs, tgmm = d rhs) whose entry
+differs, both configs on the same inputs through backend_triton with precomputed bounds, and the case's whole
+forward+backward (bench.fwd_bwd of jgmm.gmm) compiled under each table; interleaved, or each alone for SECONDS
+(sustained: the GPU's clock under its power cap).
 
-candidate = {key: e.config for key, e in config_table.read_table(sys.argv[1]).items()}
-names = sys.argv[2].split(",") if len(sys.argv) > 2 else [c[0] for c in CASES]
-rows = []
-for name, m, k, n, g in [c for c in CASES if c[0] in names]:
-  inp = Inputs(m, k, n, g)
-  bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-  make = lambda op, kk, nn: config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=op != "gmm")
-  kernels = {
-      "gmm": (make("gmm", k, n), (inp.x, inp.w, bounds),
-              functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=False,
-                                out_dtype=jnp.bfloat16, activation=None, save_preactivation=False)),
-      "gmm_t": (make("gmm_t", n, k), (inp.dout, inp.w, bounds),
-                functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=True,
-                                  out_dtype=jnp.bfloat16, activation=None, save_preactivation=False)),
-      "tgmm": (make("tgmm", k, n), (inp.x, inp.dout, bounds),
-               functools.partial(backend_triton.tgmm, existing_out=None, transpose_lhs=True, out_dtype=jnp.bfloat16,
-                                 bias_grad=False)),
-  }
-  for op, (key, args, fn) in kernels.items():
-    table = config_table.shipped_table("sm90")[key].config
-    if candidate.get(key) == table:
+    python docs/experiments/table_ab.py time|sustained CANDIDATE.json [CASE,...]
+    (CANDIDATE.json: a schema-2 table, e.g. jgmm-tune's --output; session 7 first, session 50 both timings)
+"""
+import contextlib
+import functools
+import os
+import statistics
+import sys
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+
+import jgmm
+from jgmm import backend_triton, config_table
+from jgmm.bench import CASES, Inputs, fwd_bwd
+from jgmm.ops import group_bounds
+from jgmm.timing import jax_sync, sustained_runs, time_interleaved
+
+
+@contextlib.contextmanager
+def table(entries):
+  """Inside: select() reads `entries` ({Key: Entry}) as the whole table. Compile (lower) inside, run anywhere."""
+  config_table._select.cache_clear()  # pylint: disable=protected-access
+  with mock.patch.object(config_table, "_merged_table", lambda *args: entries):
+    yield
+  config_table._select.cache_clear()  # pylint: disable=protected-access
+
+
+def timed(mode, fns):
+  """{name: ms} of fns {name: (fn, sync)}, each called once first."""
+  for fn, sync in fns.values():
+    sync(fn())
+  if mode == "sustained":
+    return {name: statistics.median(run.ms for run in runs)
+            for name, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
+  return time_interleaved(fns, min_batch_s=0.05, batches=9)
+
+
+def main():
+  mode, path = sys.argv[1], sys.argv[2]
+  names = sys.argv[3].split(",") if len(sys.argv) > 3 else [c[0] for c in CASES]
+  device = backend_triton._device()  # pylint: disable=protected-access
+  active = config_table.active_table(device.arch, device.kind)
+  candidate = active | config_table.read_table(path)
+  print(f"\n{device.kind}, {mode}, {path} against the active table\n| case | product | table ms | candidate ms | "
+        "speedup |\n|---|---|---|---|---|", flush=True)
+  for name, m, k, n, g in (c for c in CASES if c[0] in names):
+    inp = Inputs(m, k, n, g)
+    bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
+    products = {
+        "gmm": ((k, n), (inp.x, inp.w, bounds), functools.partial(
+            backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=False, out_dtype=jnp.bfloat16,
+            activation=None, save_preactivation=False)),
+        "gmm_t": ((n, k), (inp.dout, inp.w, bounds), functools.partial(
+            backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=True, out_dtype=jnp.bfloat16,
+            activation=None, save_preactivation=False)),
+        "tgmm": ((k, n), (inp.x, inp.dout, bounds), functools.partial(
+            backend_triton.tgmm, existing_out=None, transpose_lhs=True, out_dtype=jnp.bfloat16, bias_grad=False)),
+    }
+    differs = False
+    for op, ((kk, nn), args, call) in products.items():
+      key = config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=op != "gmm")
+      configs = {which: entries[key].config for which, entries in (("table", active), ("candidate", candidate))
+                 if key in entries}
+      if len(configs) < 2 or configs["table"] == configs["candidate"]:
+        continue
+      differs = True
+      ms = timed(mode, {which: (functools.partial(jax.jit(functools.partial(call, config=c)), *args), jax_sync)
+                        for which, c in configs.items()})
+      print(f"| {name} | {op} | {ms['table']:.3f} | {ms['candidate']:.3f} | {ms['table'] / ms['candidate']:.3f} |",
+            flush=True)
+    if not differs:
       continue
-    fns = {which: (functools.partial(jax.jit(functools.partial(fn, config=c)), *args), jax_sync)
-           for which, c in (("table", table), ("candidate", candidate[key]))}
-    ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
-    rows.append((name, op, ms["table"], ms["candidate"]))
-    print(f"| {name} | {op} | {ms['table']:.3f} | {ms['candidate']:.3f} | {ms['table'] / ms['candidate']:.3f} |",
+    args = (inp.x, inp.w, inp.group_sizes, inp.dout)
+    compiled = {}
+    for which, entries in (("table", active), ("candidate", candidate)):
+      with table(entries):
+        compiled[which] = fwd_bwd(jgmm.gmm).lower(*args).compile()
+    assert compiled["table"].as_text() != compiled["candidate"].as_text(), "both tables compiled the same program"
+    ms = timed(mode, {which: (functools.partial(f, *args), jax_sync) for which, f in compiled.items()})
+    print(f"| {name} | fwd+bwd | {ms['table']:.3f} | {ms['candidate']:.3f} | {ms['table'] / ms['candidate']:.3f} |",
           flush=True)
-print("\n| case | kernel | table ms | candidate ms | speedup |")
-for r in rows:
-  print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.3f} | {r[2] / r[3]:.3f} |")
+
+
+if __name__ == "__main__":
+  main()
