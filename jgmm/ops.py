@@ -34,7 +34,8 @@ def group_bounds(group_sizes, group_offset, num_groups, m):
   group_sizes (G_total,) and group_offset hold.
   """
   sizes = clip_to_int32(partitioning.replicated(group_sizes), m)  # Every shard needs all the sizes.
-  if sizes.shape[0] * m < 2**31:  # No prefix sum can overflow: one cumsum, one small GPU kernel before the product.
+  # Where no prefix sum can overflow (M known, not symbolic): one cumsum, one small GPU kernel before the product.
+  if isinstance(m, (int, np.integer)) and sizes.shape[0] * m < 2**31:
     ends = jnp.minimum(jnp.cumsum(sizes, dtype=jnp.int32), m)
   else:  # min(a + b, m) without overflow: prefix sums clipped at m (a scan of log2(G) levels, 2-3 kernels).
     ends = lax.associative_scan(lambda a, b: jnp.minimum(a, m - b) + b, sizes)
