@@ -2,7 +2,7 @@
 # (gmm_ws's forward on persistent grids of fewer SMs), clocks locked at base so that a kernel's cycles compare
 # across grids; per kernel its grid, elapsed and active cycles, L2 and DRAM rates and the tensor pipe's share of
 # its SMs' active cycles (FMA / (active SM cycles x 2048), the bf16 wgmma peak per SM and cycle).
-#   bash docs/experiments/grid_l2.sh [CASE,...] [GRID,...]     (jgmm installed: pip install --no-deps -e .)
+#   bash docs/experiments/grid_l2.sh [CASE,...] [GRID,...]     (jgmm installed: python -m pip install --no-deps -e .)
 # SCRIPT=another script with grid_l2.py's output lines ("CASE: FMA FMA, ...", "profiled I: CASE LABEL", its kernels
 # run once each between cudaProfilerStart/Stop): the same table of its kernels, e.g.
 #   SCRIPT=docs/experiments/consumer_skew_ab.py bash docs/experiments/grid_l2.sh ncu [CASE,...]
