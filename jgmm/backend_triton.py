@@ -101,9 +101,12 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   def layout(block, dtype, cga):  # cga: how a cluster's CTAs share the box (gmm_ws_cluster's docstring).
     return gmm_ws.shared_layout(block, dtype.name, cga if cluster else None)
 
+  def rhs_box(columns):
+    return (columns, config.block_k) if transpose_rhs else (config.block_k, columns)
+
   lhs_block = (gmm_ws.HALF.value, config.block_k)
-  rhs_view, rhs_block = ((num_groups * n, k), (cols, config.block_k)) if transpose_rhs else (
-      (num_groups * k, n), (config.block_k, cols))
+  rhs_view = (num_groups * n, k) if transpose_rhs else (num_groups * k, n)
+  rhs_block = rhs_box(cols)
   out_block = (gmm_ws.HALF.value, cols)
   rhs_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), rhs_block, layout=layout(
       rhs_block, rhs.dtype, gmm_ws_cluster.ROW_SPLIT if transpose_rhs else gmm_ws_cluster.COL_SPLIT))
@@ -114,7 +117,7 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
     # without the split the schedule stands in, a placeholder the kernel never touches.
     rhs_half_desc = schedule
     if config.tail_split:
-      half_block = (cols // 2, config.block_k) if transpose_rhs else (config.block_k, cols // 2)
+      half_block = rhs_box(cols // 2)
       rhs_half_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), half_block,
                                            layout=layout(half_block, rhs.dtype, None))
     kernel, descriptors, split = gmm_ws.gmm_ws_kernel, (rhs_desc, rhs_half_desc), {"SPLIT": config.tail_split}
