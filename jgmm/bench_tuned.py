@@ -29,10 +29,11 @@ from jgmm import backend_triton, bench, config_table, model_shapes, timing, tune
 
 
 @contextlib.contextmanager
-def heuristic_only():
-  """Inside: select() sees no table (override and heuristic only). Compile (lower) inside, run anywhere."""
+def table_only(entries):
+  """Inside: select() reads `entries` ({Key: Entry}) as the whole table ({}: override and heuristic only). Compile
+  (lower) inside, run anywhere."""
   config_table._select.cache_clear()
-  with mock.patch.object(config_table, "_merged_table", lambda *args: {}):
+  with mock.patch.object(config_table, "_merged_table", lambda *args: entries):
     yield
   config_table._select.cache_clear()
 
@@ -97,7 +98,7 @@ def bench_model(dims, ep, tokens):
     runs = timing.chain_runs(bench.speed_of_light_ms(m, dims.hidden, 2 * dims.intermediate, g)
                              + bench.speed_of_light_ms(m, dims.intermediate, dims.hidden, g))
     compiled = {"tuned": [f.lower(*args).compile() for f in layer_fns(dout, runs)]}
-    with heuristic_only():
+    with table_only({}):
       compiled["heuristic"] = [f.lower(*args).compile() for f in layer_fns(dout, runs)]
     row = {"tokens": t, "m": m, "g": g}
     for i, phase in enumerate(("fwd", "fwd_bwd")):

@@ -64,7 +64,7 @@ class BenchTunedTest(absltest.TestCase):
     kernels = lambda runs=1: [f.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count(
         "triton_kernel_call") for f in bench_tuned.layer_fns(dout, runs)]
     tuned = kernels()
-    with bench_tuned.heuristic_only():
+    with bench_tuned.table_only({}):
       heuristic = kernels()
     self.assertEqual([t + 1 for t in tuned], heuristic)  # forward and forward+backward: one Triton kernel fewer
     self.assertEqual(kernels(runs=3), [3 * t for t in tuned])  # chained: every run's kernels, none merged

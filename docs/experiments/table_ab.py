@@ -7,12 +7,10 @@ forward+backward (bench.fwd_bwd of jgmm.gmm) compiled under each table; interlea
     python docs/experiments/table_ab.py time|sustained CANDIDATE.json [CASE,...]
     (CANDIDATE.json: a schema-2 table, e.g. jgmm-tune's --output; session 7 first, session 50 both timings)
 """
-import contextlib
 import functools
 import os
 import statistics
 import sys
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -20,17 +18,9 @@ import jax.numpy as jnp
 import jgmm
 from jgmm import backend_triton, config_table
 from jgmm.bench import CASES, Inputs, fwd_bwd
+from jgmm.bench_tuned import table_only
 from jgmm.ops import group_bounds
 from jgmm.timing import jax_sync, sustained_runs, time_interleaved
-
-
-@contextlib.contextmanager
-def table(entries):
-  """Inside: select() reads `entries` ({Key: Entry}) as the whole table. Compile (lower) inside, run anywhere."""
-  config_table._select.cache_clear()  # pylint: disable=protected-access
-  with mock.patch.object(config_table, "_merged_table", lambda *args: entries):
-    yield
-  config_table._select.cache_clear()  # pylint: disable=protected-access
 
 
 def timed(mode, fns):
@@ -81,7 +71,7 @@ def main():
     args = (inp.x, inp.w, inp.group_sizes, inp.dout)
     compiled = {}
     for which, entries in (("table", active), ("candidate", candidate)):
-      with table(entries):
+      with table_only(entries):
         compiled[which] = fwd_bwd(jgmm.gmm).lower(*args).compile()
     assert compiled["table"].as_text() != compiled["candidate"].as_text(), "both tables compiled the same program"
     ms = timed(mode, {which: (functools.partial(f, *args), jax_sync) for which, f in compiled.items()})

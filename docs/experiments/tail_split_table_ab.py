@@ -10,8 +10,6 @@ gk_tail_split_ab.py, coords_prefetch_ab.py at commit 387b2ad) measured the same 
 """
 import dataclasses
 import functools
-import os
-import statistics
 import sys
 
 import jax
@@ -20,7 +18,8 @@ import jax.numpy as jnp
 from jgmm import backend_triton, config_table
 from jgmm.bench import CASES, Inputs, speed_of_light_ms
 from jgmm.ops import group_bounds
-from jgmm.timing import jax_sync, sustained_runs, time_interleaved
+from jgmm.timing import jax_sync
+from table_ab import timed  # docs/experiments/table_ab.py, beside this file
 
 
 def main():
@@ -41,13 +40,7 @@ def main():
                                out_dtype=jnp.bfloat16, activation=None, save_preactivation=False)
       fns = {split: (functools.partial(jax.jit(functools.partial(call, config=dataclasses.replace(
           config, tail_split=split))), lhs, inp.w, bounds), jax_sync) for split in (False, True)}
-      for fn, sync in fns.values():
-        sync(fn())
-      if mode == "sustained":
-        ms = {split: statistics.median(run.ms for run in runs)
-              for split, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
-      else:
-        ms = time_interleaved(fns, min_batch_s=0.05, batches=9)
+      ms = timed(mode, fns)
       kernel = "gmm_ws" if config.warp_specialized else "gmm_kernel"
       print(f"| {name} | {product} | {kernel} | {ms[False]:.3f} | {ms[True]:.3f} | "
             f"{100 * speed_of_light_ms(m, kk, nn, g) / ms[True]:.0f}% | {ms[False] / ms[True]:.3f} |", flush=True)
