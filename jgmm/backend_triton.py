@@ -233,7 +233,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
       SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision),
-      TAIL_SPLIT=tail_split, PREFETCH=int(os.environ.get("JGMM_PREFETCH", 0)))
+      TAIL_SPLIT=tail_split)
   return (out, h) if save_preactivation else out
 
 

@@ -29,29 +29,13 @@ def _load_rhs(rhs_desc, g, half, n0, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def _prefetch_rhs(rhs_ptr, g64, k0, n0, K: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, TRANSPOSE_RHS: tl.constexpr):
-  """Experiment: asks the L2 for rhs[g]'s step-k0 tile (cp.async.bulk.prefetch.L2, one row of the tile a lane)."""
-  if TRANSPOSE_RHS:  # (N, K) plane: BLOCK_N rows of BLOCK_K elements.
-    r = tl.arange(0, BLOCK_N)
-    ptrs = rhs_ptr + g64 * (K * N) + (n0 + tl.minimum(r, N - 1 - n0)).to(tl.int64) * K + k0
-    nbytes = tl.full((BLOCK_N,), BLOCK_K * 2, tl.int32)
-  else:  # (K, N) plane: BLOCK_K rows of BLOCK_N elements.
-    r = tl.arange(0, BLOCK_K)
-    ptrs = rhs_ptr + g64 * (K * N) + (k0 + r).to(tl.int64) * N + n0
-    nbytes = tl.full((BLOCK_K,), 2, tl.int32) * tl.minimum(BLOCK_N, N - n0)
-  tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                            [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, store_rows, mi, ni,
              K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
              ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
-             DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = 0):
+             DOT_PRECISION: tl.constexpr):
   """Computes and stores output tile (mi, ni) of group g.
 
   The group's rows are [row_start, row_start + m_g) of lhs/out; the tile may write rows below
@@ -95,9 +79,6 @@ def gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc,
     else:
       k_mask = ks < K - k0
     if USE_TMA:
-      if PREFETCH > 0:
-        _prefetch_rhs(rhs_ptr, g64, tl.minimum(k0 + PREFETCH * BLOCK_K, K - BLOCK_K), n0, K, N, BLOCK_N, BLOCK_K,
-                      TRANSPOSE_RHS)
       a = lhs_desc.load([tile_row0.to(tl.int32), k0])
       b = _load_rhs(rhs_desc, g, 0, n0, k0, BLOCK_N, BLOCK_K, TRANSPOSE_RHS)
     else:
@@ -225,7 +206,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                TRANSPOSE_RHS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
                ACTIVATION: tl.constexpr, SAVE_PRE: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, TAIL_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = 0):
+               DOT_PRECISION: tl.constexpr, TAIL_SPLIT: tl.constexpr):
   """Grouped matmul over a static tile schedule.
 
   bounds (G + 1,) int32: rows of group g are [bounds[g], bounds[g + 1]). Tiles are numbered group by group
@@ -262,7 +243,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
                                            GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
-             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION, PREFETCH)
+             TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
   if TAIL_SPLIT:
     if pid < 2 * (num_tiles - kept):
       g, row_start, m_g, mi, ni = group_tile(kept + pid // 2, group, starts, rows, group_tiles, tiles_end, BLOCK_M,
