@@ -116,15 +116,11 @@ def _gmm_ws(lhs, rhs, bounds, transpose_rhs, out_dtype, config, device):
   else:  # The half tiles' rhs boxes (config.tail_split; Config keeps them 64 columns or more, the same layout);
     # without the split the schedule stands in, a placeholder the kernel never touches.
     rhs_half_desc = schedule
-    prefetch = 0 if config.tail_split else int(os.environ.get("JGMM_PREFETCH", 0))  # Experiment.
-    if prefetch:
-      rhs_half_desc = rhs
     if config.tail_split:
       half_block = rhs_box(cols // 2)
       rhs_half_desc = ffi.TensorDescriptor(rhs.reshape(rhs_view), half_block,
                                            layout=layout(half_block, rhs.dtype, None))
-    kernel, descriptors, split = gmm_ws.gmm_ws_kernel, (rhs_desc, rhs_half_desc), {"SPLIT": config.tail_split,
-                                                                                 "PREFETCH": prefetch}
+    kernel, descriptors, split = gmm_ws.gmm_ws_kernel, (rhs_desc, rhs_half_desc), {"SPLIT": config.tail_split}
   return ffi.triton_call(
       ffi.TensorDescriptor(lhs, lhs_block, layout=layout(lhs_block, lhs.dtype, gmm_ws_cluster.SHARED)), *descriptors,
       schedule, m,

@@ -139,7 +139,7 @@ def split_tile(t, kept, SPLIT: gl.constexpr):
 def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, cluster_empty, K: gl.constexpr,
            N: gl.constexpr, R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
            TRANSPOSE_RHS: gl.constexpr, BAND: gl.constexpr, CTAS: gl.constexpr, rhs_half_desc=None,
-           SPLIT: gl.constexpr = False, PREFETCH: gl.constexpr = 0):
+           SPLIT: gl.constexpr = False):
   """Per step of each tile holding rows of its group: waits until the consumers released the stage (with CTAS = 2,
   gmm_ws_cluster_kernel's, also the cluster's four on cluster_empty: a wait in CTA 0 only), then fills it
   (load_stage; a tile is CTAS BLOCK_N columns wide). SPLIT (CTAS = 1): over split_schedule's tiles, a half's rhs box
@@ -153,8 +153,6 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
   for t in range(gl.program_id(0), total, gl.num_programs(0)):
     wide, piece = split_tile(t, kept, SPLIT)
     g, row0, rows, _, ni = tile_of(schedule_ptr, wide, num_n, R_MAX, BAND)
-    if PREFETCH > 0:  # Experiment (BAND 1): only a group's first row tile asks the L2 for its weights.
-      leads = gl.load(schedule_ptr + 1 + 4 * R_MAX + wide // num_n) == wide // num_n
     if rows > 0:
       for kk in range(k_steps):
         slot = step % S
@@ -166,34 +164,10 @@ def loader(lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, clust
         if not SPLIT or piece < 0:
           load_stage(lhs_desc, rhs_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, ni, kk, K, N, cols,
                      BLOCK_K, TRANSPOSE_RHS, CTAS=CTAS)
-          if PREFETCH > 0 and leads:  # Experiment: rhs_half_desc is rhs itself.
-            _prefetch_rhs(rhs_half_desc, g, gl.minimum(kk + PREFETCH, k_steps - 1), ni, K, N, cols, BLOCK_K,
-                          TRANSPOSE_RHS)
         else:
           load_stage(lhs_desc, rhs_half_desc, a_bufs, b_bufs, ready.index(slot), slot, g, row0, rows, 2 * ni + piece,
                      kk, K, N, BLOCK_N // 2, BLOCK_K, TRANSPOSE_RHS, COLS=BLOCK_N // 2)
         step += 1
-
-
-@gluon.jit
-def _prefetch_rhs(rhs_ptr, g, kb, ni, K: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr,
-                  BLOCK_K: gl.constexpr, TRANSPOSE_RHS: gl.constexpr):
-  """Experiment: asks the L2 for rhs[g]'s step-kb tile, column tile ni: prefetch.global.L2 of each 128-byte line
-  (2-byte elements), the lines over the loader warp's lanes."""
-  LINE: gl.constexpr = 64  # Elements of a 128-byte line.
-  layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-  base = rhs_ptr + g.to(gl.int64) * (K * N)
-  if TRANSPOSE_RHS:  # (N, K) plane: BLOCK_N rows of BLOCK_K elements (BLOCK_K // LINE lines each).
-    PER_ROW: gl.constexpr = (BLOCK_K + LINE - 1) // LINE
-    i = gl.arange(0, BLOCK_N * PER_ROW, layout=layout)
-    ptrs = base + gl.minimum(ni * BLOCK_N + i // PER_ROW, N - 1).to(gl.int64) * K + kb * BLOCK_K + (i % PER_ROW) * LINE
-  else:  # (K, N) plane: BLOCK_K rows of BLOCK_N elements.
-    PER_ROW: gl.constexpr = BLOCK_N // LINE
-    i = gl.arange(0, BLOCK_K * PER_ROW, layout=layout)
-    ptrs = base + (kb * BLOCK_K + i // PER_ROW).to(gl.int64) * N + gl.minimum(ni * BLOCK_N + (i % PER_ROW) * LINE,
-                                                                              N - 1)
-  gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
-                            is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -404,8 +378,7 @@ def tile_product(a_bufs, b_bufs, ready, empty, cluster_empty, acc, step, rows, h
 @gluon.jit
 def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, M, out_ptr, K: gl.constexpr, N: gl.constexpr,
                   R_MAX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, S: gl.constexpr,
-                  TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, SPLIT: gl.constexpr,
-                  PREFETCH: gl.constexpr = 0):
+                  TRANSPOSE_RHS: gl.constexpr, OUT_LAYOUT: gl.constexpr, BAND: gl.constexpr, SPLIT: gl.constexpr):
   """lhs_desc over lhs (M, K), box (64, BLOCK_K); rhs_desc over rhs viewed (G * K, N), box (BLOCK_K, BLOCK_N), or
   (G * N, K), box (BLOCK_N, BLOCK_K); out (M, N) through out_ptr and descriptors made here (box (64, BLOCK_N),
   shared-memory layout OUT_LAYOUT); BAND: tile_of's order. SPLIT: the last round's tiles as column halves
@@ -418,7 +391,7 @@ def gmm_ws_kernel(lhs_desc, rhs_desc, rhs_half_desc, schedule_ptr, M, out_ptr, K
       (consumer, (schedule_ptr, M, out_ptr, a_bufs, b_bufs, c_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N,
                   BLOCK_K, S, TRANSPOSE_RHS, OUT_LAYOUT, 1, BAND, 1, SPLIT)),
       (loader, (lhs_desc, rhs_desc, schedule_ptr, a_bufs, b_bufs, ready, empty, empty, K, N, R_MAX, BLOCK_N, BLOCK_K,
-                S, TRANSPOSE_RHS, BAND, 1, rhs_half_desc, SPLIT, PREFETCH)),
+                S, TRANSPOSE_RHS, BAND, 1, rhs_half_desc, SPLIT)),
   ], [4, 1], [232, 40])
 
 
