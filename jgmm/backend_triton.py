@@ -229,7 +229,7 @@ def gmm(lhs, rhs, bounds, bias, existing_out, *, transpose_rhs, out_dtype, activ
                              _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages,
       input_output_aliases={7: 0} if accumulate else None, name="jgmm_gmm",
-      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      K=k, N=n, N_OUT=n_out, G=num_groups, G_POW2=geometry.group_table_lanes(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_RHS=transpose_rhs,
       HAS_BIAS=bias is not None, ACCUMULATE=accumulate, ACTIVATION=activation or "none",
       SAVE_PRE=save_preactivation, USE_TMA=use_tma, TMA_STORE=tma_store, DOT_PRECISION=_dot_precision(precision),
@@ -275,7 +275,7 @@ def tgmm(lhs, rhs, bounds, existing_out, *, transpose_lhs, out_dtype, bias_grad,
                                 _persistent_programs(config, device)),
         num_warps=config.num_warps, num_stages=config.num_stages,
         input_output_aliases={3: 0} if accumulate else None, name="jgmm_tgmm",
-        K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+        K=k, N=n, G=num_groups, G_POW2=geometry.group_table_lanes(num_groups), BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
         ACCUMULATE=accumulate, BIAS_GRAD=bias_grad, DOT_PRECISION=_dot_precision(precision))
   return (out, dbias) if bias_grad else out
@@ -375,7 +375,7 @@ def masked_tgmm(lhs, rhs, masked_m, *, out_dtype, config, precision=None):
       grid=geometry.tgmm_grid(k, n, num_groups, config.block_m, config.block_n,
                               _persistent_programs(config, device)),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_masked_tgmm",
-      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      K=k, N=n, G=num_groups, G_POW2=geometry.group_table_lanes(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=True,
       ACCUMULATE=False, BIAS_GRAD=False, DOT_PRECISION=_dot_precision(precision), MASKED=True)
   return out
@@ -573,7 +573,7 @@ def gmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_rhs, out_dtype,
       lhs, rhs, lhs_desc, rhs_desc, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.gmm_fp8_kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype), grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_gmm_fp8",
-      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      K=k, N=n, G=num_groups, G_POW2=geometry.group_table_lanes(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, RHS_NK=transpose_rhs,
       LHS_BLOCKS=lhs_scale.ndim == 2, RHS_BLOCKS=rhs_scale.ndim == 3, USE_TMA=use_tma,
       DOT_PRECISION=_dot_precision(None))
@@ -665,7 +665,7 @@ def tgmm_fp8(lhs, rhs, bounds, lhs_scale, rhs_scale, *, transpose_lhs, transpose
       lhs, rhs, bounds, lhs_scale, rhs_scale, m, kernel=fp8_kernels.tgmm_fp8_kernel,
       out_shape=out_shape, grid=_persistent_grid(tiles, config, device),
       num_warps=config.num_warps, num_stages=config.num_stages, name="jgmm_tgmm_fp8",
-      K=k, N=n, G=num_groups, G_POW2=geometry.next_pow2(num_groups), BLOCK_M=config.block_m,
+      K=k, N=n, G=num_groups, G_POW2=geometry.group_table_lanes(num_groups), BLOCK_M=config.block_m,
       BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=geometry.GROUP_M, TRANSPOSE_LHS=transpose_lhs,
       TRANSPOSE_RHS=transpose_rhs, DOT_PRECISION=_dot_precision(None), RHS_GROUPS=rhs_scale_per_group,
       TRANSPOSE_OUT=transpose_out)

@@ -16,6 +16,13 @@ def next_pow2(x):
   return 1 << max(0, x - 1).bit_length()
 
 
+def group_table_lanes(num_groups):
+  """G_POW2 of the kernels that hold a group table in registers (gmm_kernel, tgmm_kernel, gmm_fp8_kernel,
+  tgmm_fp8_kernel): a power of two >= num_groups and >= 32, a warp's lanes. Narrower, the table cost gmm_kernel
+  17-25% at 2 to 16 groups on an H200 (the same tiles as at 32 groups; docs/perf-notes.md, session 52)."""
+  return max(32, next_pow2(num_groups))
+
+
 def gmm_grid(m, n_out, num_groups, block_m, block_n, persistent_programs):
   """Programs of gmm_kernel: one per tile, or at most persistent_programs (a persistent grid; None: not
   persistent). Any bounds give at most cdiv(M, block_m) + G + 1 row tiles (one partial tile per group,

@@ -136,8 +136,9 @@ def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BL
 
 @triton.jit
 def group_table(bounds_ptr, G: tl.constexpr, G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr):
-  """gmm's register-resident group table from bounds (G + 1,): per group id (G_POW2 >= G lanes) its first row,
-  rows, tiles (row tiles x N_TILES) and tiles of groups 0..g inclusive; and the number of group tiles."""
+  """gmm's register-resident group table from bounds (G + 1,): per group id (G_POW2 lanes, >= G and >= 32:
+  geometry.group_table_lanes) its first row, rows, tiles (row tiles x N_TILES) and tiles of groups 0..g inclusive;
+  and the number of group tiles."""
   group = tl.arange(0, G_POW2)
   in_table = group < G
   starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
