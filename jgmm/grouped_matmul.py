@@ -267,11 +267,12 @@ def _fp8_ws_ok(shapes, out_dtype, transpose_rhs, config, device):
 
 
 def _problem_table(shapes, config):
-  """grouped_matmul_kernel's int32 (6, P_POW2) table (slots sorted by decreasing K) and its tile count."""
+  """grouped_matmul_kernel's int32 (6, P_POW2) table (slots sorted by decreasing K; P_POW2 at least a warp's 32
+  lanes, geometry.group_table_lanes: the kernel reduces over it once a tile) and its tile count."""
   from jgmm.triton_kernels import geometry
   from jgmm.triton_kernels import grouped_matmul as kernels
   order = sorted(range(len(shapes)), key=lambda p: -shapes[p][2])
-  table = np.zeros((kernels.TABLE_FIELDS, geometry.next_pow2(len(shapes))), np.int32)
+  table = np.zeros((kernels.TABLE_FIELDS, geometry.group_table_lanes(len(shapes))), np.int32)
   table[0] = 2**31 - 1
   tiles = np.array([geometry.cdiv(shapes[p][0], config.block_m) * geometry.cdiv(shapes[p][1], config.block_n)
                     for p in order], np.int64)

@@ -422,6 +422,18 @@ class CrossLoweringTest(Base):
     precisions = {dict(key[2])["DOT_PRECISION"] for key in set(_compile._cache) - before}
     self.assertEqual(precisions, {"ieee", None})
 
+  @parameterized.parameters((1, 32), (4, 32), (33, 64))
+  def test_problem_table_is_a_warp_wide(self, problems, lanes):
+    """The problem table the kernel reduces once a tile has max(32, next_pow2(P)) lanes (geometry.group_table_lanes:
+    narrower, ptxas keeps the warp converged in the K loop around the reduction's shuffles)."""
+    shapes = [(64 + 8 * p, 32, 48) for p in range(problems)]
+    lhs, rhs = ([jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ss] for ss in zip(*[((m, k), (k, n))
+                                                                                    for m, n, k in shapes]))
+    before = set(_compile._cache)
+    self.lower(lambda l, r: jgmm.grouped_matmul(l, r), list(lhs), list(rhs))
+    widths = {(dict(key[2])["P"], dict(key[2])["P_POW2"]) for key in set(_compile._cache) - before}
+    self.assertEqual(widths, {(problems, lanes)})
+
   def test_large_counts_split_into_launches(self):
     shapes = [(8, 16, 16)] * (gm.MAX_PROBLEMS_PER_LAUNCH + 3)
     lhs, rhs = ([jax.ShapeDtypeStruct(s, jnp.float16) for s in ss] for ss in zip(*[((m, k), (k, n))

@@ -17,9 +17,11 @@ def next_pow2(x):
 
 
 def group_table_lanes(num_groups):
-  """G_POW2 of the kernels that hold a group table in registers (gmm_kernel, tgmm_kernel, gmm_fp8_kernel,
-  tgmm_fp8_kernel): a power of two >= num_groups and >= 32, a warp's lanes. Narrower, the table ran gmm_kernel
-  20-27% slower at 2 to 16 groups on an H200 (the same tiles as at 32 groups; docs/perf-notes.md, session 52)."""
+  """Lanes of a group (or problem) table held in registers and reduced once a tile (G_POW2 of gmm_kernel,
+  tgmm_kernel, gmm_fp8_kernel, tgmm_fp8_kernel; P_POW2 of grouped_matmul_kernel): a power of two >= num_groups and
+  >= 32, a warp's lanes. Narrower, Triton reduces it with shuffles, around which ptxas keeps the warp converged on
+  every iteration of the loop: gmm_kernel ran 20-27% slower at 2 to 16 groups on an H200 (the same tiles as at 32
+  groups; docs/perf-notes.md, session 52)."""
   return max(32, next_pow2(num_groups))
 
 

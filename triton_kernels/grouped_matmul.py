@@ -13,7 +13,7 @@ Schedule: a persistent grid; program i takes tiles i, i + programs, ... of the c
 problems, numbered slot by slot in the order of the problem table (the caller sorts the slots by decreasing K,
 so the longest tiles go first and the tail is short), and within a problem in bands of GROUP_M row tiles
 (common.tile_coords) so programs running together share operand panels in L2. The table problems_ptr is int32
-(6, P_POW2), one column per slot (padding columns past P never match):
+(6, P_POW2), one column per slot (P_POW2 >= 32: geometry.group_table_lanes; padding columns past P never match):
   [0] tiles_end: tiles of slots 0..s (padding: 2^31 - 1), [1] first tile of s, [2] problem index p,
   [3] M_p, [4] N_p, [5] K_p.
 A tile finds its slot with one vector reduction over tiles_end, then reads its column with scalar loads.
