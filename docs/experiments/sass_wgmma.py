@@ -10,6 +10,10 @@ tgmm[:BLOCK_N:STAGES[:bias]] compiles the bf16 tgmm_ws_kernel (gmm's weight grad
 7168, N = 4096, 32 groups; 128 x 256, 3 stages by default; `bias` with the bias gradient).
 fp8:tgmm[:BLOCK_N] compiles tgmm_fp8_ws_kernel (fp8_gmm's d rhs of dsv3 gate-up: K = 7168, N = 4096, M = 32768; 128 x
 256 (or BLOCK_N), 3 stages).
+gk:G compiles gmm_kernel at the sm_90 heuristic's 64 x 256 x 32 (two programs an SM) on qwen3's M, K, N with G groups.
+Every report also counts the SASS's convergence instructions (WARPSYNC, BSSY, BSYNC, BRA.DIV), shuffles and warp
+reductions (REDUX): session 52 found a group table narrower than a warp reduced by shuffles, for which ptxas kept
+the warp converged on every iteration of gmm_kernel's fused loop (17 such instructions against 0; 20-27% slower).
 The PTX goes to Triton's ptxas, or to its ptxas-blackwell where that one is too old for the PTX's version (Triton
 3.9's bundled ptxas reads PTX 8.8, jgmm writes 9.0 for CUDA 13's); PTX_DIR=... also writes each kernel's PTX there.
 A lesson kept here: with a loop trip count the compiler knows, ptxas serialised a consumer loop that keeps two
@@ -60,6 +64,9 @@ def report(label, compiled, ptxas, sass, stores=False):
     if any(word in line for word in ("Used", "C75", "spill")):
       print("  ptxas:", re.sub(r"^ptxas(-blackwell)? info\s*: ", "", line)[:160])
   print(f"  {'HGMMA/wait/STSM/TMA-store' if stores else 'HGMMA/wait'} sequence:", seq)
+  count = lambda pattern: len(re.findall(pattern, sass))  # noqa: E731
+  print(f"  convergence instructions {count(r'WARPSYNC|BSSY|BSYNC|BRA[.]DIV')}, SHFL {count('SHFL')}, "
+        f"REDUX {count('REDUX')}")
 
 
 if __name__ == "__main__":
@@ -82,6 +89,12 @@ if __name__ == "__main__":
       jax.jit(lambda *a: backend_triton.tgmm(*a, None, transpose_lhs=True, out_dtype=dt, bias_grad=bool(bias),
                                              config=config)).trace(
           s((32768, 7168), dt), s((32768, 4096), dt), s((33,), jnp.int32)).lower(lowering_platforms=("cuda",))
+    elif arg.startswith("gk:"):
+      groups = int(arg.split(":")[1])
+      config = Config(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, programs_per_sm=2)
+      jax.jit(lambda l, r, b: backend_triton.gmm(l, r, b, None, None, transpose_rhs=False, out_dtype=dt,
+                                                 activation=None, save_preactivation=False, config=config)).trace(
+          s((m, k), dt), s((groups, k, n), dt), s((groups + 1,), jnp.int32)).lower(lowering_platforms=("cuda",))
     elif arg.startswith("fp8:"):
       block_m, block_n, stages, fk = map(int, arg.split(":")[2:] or (128, 128, 4, 7168))
       blocks, f8, fg, fm, fn = arg.startswith("fp8:blocks"), jnp.float8_e4m3fn, 4, 1024, 4096
