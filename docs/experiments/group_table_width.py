@@ -7,9 +7,14 @@ the table's width: 2-16 groups 0.409-0.429 ms with next_pow2(G) lanes, 0.339-0.3
 1536). This one measures the change as built, on products and on mixtral's forward+backward (whose d lhs runs
 gmm_kernel on 8 groups), interleaved.
 
-    python docs/experiments/group_table_width.py
+    python docs/experiments/group_table_width.py          # gmm_kernel, tgmm_kernel, mixtral's d lhs
+    python docs/experiments/group_table_width.py hetero   # jgmm.grouped_matmul's problem table (session 53)
+
+"hetero" times jgmm.grouped_matmul on jgmm.bench_hetero's cases of 2-16 problems (bf16 and FP8), its problem table
+(jgmm/grouped_matmul.py, _problem_table) next_pow2(P) columns wide against group_table_lanes'.
 """
 import functools
+import sys
 from unittest import mock
 
 import jax
@@ -17,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jgmm
-from jgmm import backend_triton, bench, config_table
+from jgmm import backend_triton, bench, bench_hetero, config_table
 from jgmm.config import Config
 from jgmm.ops import group_bounds
 from jgmm.timing import jax_sync
@@ -77,5 +82,19 @@ def main():
                                 inp.x, inp.w, inp.group_sizes, inp.dout)))
 
 
+def hetero():
+  print(f"\n{backend_triton._device().kind}\n| grouped_matmul case | narrow ms | wide ms | speed-up |\n|---|---|---|---|",
+        flush=True)  # pylint: disable=protected-access
+  for name, shapes in bench_hetero.CASES.items():
+    if len(shapes) >= 32:  # The same 32 or more columns both ways.
+      continue
+    lhs, rhs = bench_hetero._inputs(shapes)  # pylint: disable=protected-access
+    if name.endswith(bench_hetero.FP8_SUFFIX):
+      make = lambda: bench_hetero._fp8_impl(lhs, rhs)[0]  # pylint: disable=protected-access  # noqa: E731
+    else:
+      make = lambda: functools.partial(jax.jit(lambda l, r: jgmm.grouped_matmul(l, r)), lhs, rhs)  # noqa: E731
+    row(f"{name} ({len(shapes)} problems)", narrow_and_wide(make))
+
+
 if __name__ == "__main__":
-  main()
+  hetero() if sys.argv[1:] == ["hetero"] else main()
