@@ -83,8 +83,8 @@ def main():
 
 
 def hetero():
-  print(f"\n{backend_triton._device().kind}\n| grouped_matmul case | narrow ms | wide ms | speed-up |\n|---|---|---|---|",
-        flush=True)  # pylint: disable=protected-access
+  kind = backend_triton._device().kind  # pylint: disable=protected-access
+  print(f"\n{kind}\n| grouped_matmul case | narrow ms | wide ms | speed-up |\n|---|---|---|---|", flush=True)
   for name, shapes in bench_hetero.CASES.items():
     if len(shapes) >= 32:  # The same 32 or more columns both ways.
       continue
