@@ -376,7 +376,8 @@ def main(argv=None):
   parser.add_argument("--no-bench", action="store_true", help="with --tune: skip the benchmark")
   parser.add_argument("--fp8", action="store_true", help="the FP8 section (jgmm.bench_fp8) instead")
   parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
-                      help="also run each forward and forward+backward back to back for SECONDS, twice (not --fp8)")
+                      help="also run each forward and forward+backward back to back for SECONDS, twice (with --fp8: "
+                           "the training recipe's forward+backward)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   if args.fp8:
@@ -395,7 +396,7 @@ def main(argv=None):
     sys.exit("jgmm.bench needs a GPU")
   if args.fp8:
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
-    bench_fp8.run(args.out, args.cases)
+    bench_fp8.run(args.out, args.cases, args.sustained)
     return
   device = jax.devices()[0]
   print(f"device: {device.device_kind}, jax {jax.__version__}, triton {triton.__version__}", flush=True)

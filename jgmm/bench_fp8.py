@@ -11,7 +11,9 @@ The training recipe (jgmm.fp8_gmm) forward+backward against jgmm.gmm's on the ds
 weights quantised in the call (the bf16 weights given) and ahead of it (jgmm.quantize_weights outside the timed
 call: a step's cost per micro-batch where its micro-batches reuse them), and ahead with wgrad_scale="group" (the
 weight gradient's second operand scaled per group and column where M >= 512 G, as on the dsv3 cases; smaller M runs
-"128x1").
+"128x1"). `--sustained SECONDS` adds the recipe's table with each run back to back (bench.py's sustained runs: the
+ratio at the clock each one's own power draw leaves it, what a training step's long runs hold; it can differ from
+the interleaved one, whose batches share one clock: docs/perf-notes.md, session 54).
 jgmm's products run `runs` times in one program (timing.chain, enough runs for ~0.5 ms at the FP8 peak): a masked
 case's kernel takes 40-100 us, less than JAX's dispatch of a jitted call here, which one call per run would time
 (session 16 measured 1x1024 (7168, 2048) at 46 us in Nsight Compute and 87 us a call). Each run after the first
@@ -193,26 +195,38 @@ def _kernel_ms(jax_fns, torch_fns, torch_sync):
   return result
 
 
-def bench_recipe(name, m, k, n, g):
+def bench_recipe(name, m, k, n, g, sustained_s=0.0):
   """fp8_gmm's forward+backward against gmm's (bf16), as bench.bench_case times them: fp8_gmm quantising the bf16
   weights in the call, and given them quantised ahead (rhs_fp8 = jgmm.quantize_weights(w), made outside the timed
-  call: the cost per micro-batch where a step's micro-batches reuse the weights)."""
+  call: the cost per micro-batch where a step's micro-batches reuse the weights). sustained_s > 0: also each run
+  back to back for sustained_s seconds, twice (timing.sustained_runs; fwd_bwd_sustained_ms, the median, and
+  sustained_speedup*: the ratios at the clock each one's own power draw leaves it, as a training step's runs hold)."""
   inp = bench.Inputs(m, k, n, g)
   fp8, bf16 = bench.fwd_bwd(jgmm.fp8_gmm), bench.fwd_bwd(jgmm.gmm)
   fp8_ahead = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights))
   fp8_group = bench.fwd_bwd(lambda x, w, gs, weights: jgmm.fp8_gmm(x, w, gs, rhs_fp8=weights, wgrad_scale="group"))
   args = (inp.x, inp.w, inp.group_sizes, inp.dout)
   weights = jax.jit(jgmm.quantize_weights)(inp.w)
-  ms = timing.time_interleaved({"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
-                                "fp8_gmm_weights_ahead": (lambda: fp8_ahead(*args, weights), timing.jax_sync),
-                                "fp8_gmm_weights_ahead_wgrad_group": (lambda: fp8_group(*args, weights),
-                                                                      timing.jax_sync),
-                                "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}, min_batch_s=0.03, batches=5)
-  return {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms,
-          "speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
+  fns = {"fp8_gmm": (lambda: fp8(*args), timing.jax_sync),
+         "fp8_gmm_weights_ahead": (lambda: fp8_ahead(*args, weights), timing.jax_sync),
+         "fp8_gmm_weights_ahead_wgrad_group": (lambda: fp8_group(*args, weights), timing.jax_sync),
+         "gmm_bf16": (lambda: bf16(*args), timing.jax_sync)}
+  ms = timing.time_interleaved(fns, min_batch_s=0.03, batches=5)
+  result = {"case": name, "m": m, "k": k, "n": n, "g": g, "fwd_bwd_ms": ms, **_speedups(ms),
+            "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
+  if sustained_s > 0:
+    runs = timing.sustained_runs(fns, sustained_s)
+    sustained = {impl: statistics.median(run.ms for run in impl_runs) for impl, impl_runs in runs.items()}
+    result["fwd_bwd_sustained_ms"] = sustained
+    result |= {f"sustained_{key}": x for key, x in _speedups(sustained).items()}
+  return result
+
+
+def _speedups(ms):
+  """{speedup*: gmm_bf16's ms over each fp8_gmm run's} of bench_recipe's {impl: ms}."""
+  return {"speedup": ms["gmm_bf16"] / ms["fp8_gmm"],
           "speedup_weights_ahead": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"],
-          "speedup_weights_ahead_wgrad_group": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead_wgrad_group"],
-          "fwd_bwd_tflops": {i: 6 * m * k * n / t / 1e9 for i, t in ms.items()}}
+          "speedup_weights_ahead_wgrad_group": ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead_wgrad_group"]}
 
 
 def _print(results, recipe):
@@ -242,16 +256,23 @@ def _print_products(results):
 
 
 def _print_recipe(recipe):
-  print("\n| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | ahead, wgrad_scale group ms | "
-        "gmm bf16 fwd+bwd ms | speedup | speedup, weights ahead | speedup, ahead, wgrad group |")
-  print("|---|---|---|---|---|---|---|---|")
-  for r in recipe:
-    ms = r["fwd_bwd_ms"]
-    print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | "
-          f"{ms['fp8_gmm_weights_ahead_wgrad_group']:.3f} | {ms['gmm_bf16']:.3f} | {r['speedup']:.2f}x | "
-          f"{r['speedup_weights_ahead']:.2f}x | {r['speedup_weights_ahead_wgrad_group']:.2f}x |")
-  for key in ("speedup", "speedup_weights_ahead", "speedup_weights_ahead_wgrad_group"):
-    print(f"recipe {key.replace('_', ' ')} geomean: {statistics.geometric_mean([r[key] for r in recipe]):.2f}x")
+  tables = (("", "fwd_bwd_ms", "interleaved"),
+            ("sustained_", "fwd_bwd_sustained_ms", "sustained: each back to back, the median of two runs"))
+  for prefix, ms_key, title in tables:
+    if not all(ms_key in r for r in recipe):
+      continue
+    print(f"\nFP8 training recipe, forward+backward ({title})")
+    print("| recipe case | fp8_gmm fwd+bwd ms | weights quantised ahead ms | ahead, wgrad_scale group ms | "
+          "gmm bf16 fwd+bwd ms | speedup | speedup, weights ahead | speedup, ahead, wgrad group |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in recipe:
+      ms = r[ms_key]
+      print(f"| {r['case']} | {ms['fp8_gmm']:.3f} | {ms['fp8_gmm_weights_ahead']:.3f} | "
+            f"{ms['fp8_gmm_weights_ahead_wgrad_group']:.3f} | {ms['gmm_bf16']:.3f} | {r[prefix + 'speedup']:.2f}x | "
+            f"{r[prefix + 'speedup_weights_ahead']:.2f}x | {r[prefix + 'speedup_weights_ahead_wgrad_group']:.2f}x |")
+    for key in ("speedup", "speedup_weights_ahead", "speedup_weights_ahead_wgrad_group"):
+      geomean = statistics.geometric_mean([r[prefix + key] for r in recipe])
+      print(f"recipe {(prefix + key).replace('_', ' ')} geomean: {geomean:.2f}x")
 
 
 def cases(wanted=""):
@@ -277,9 +298,9 @@ def tune_argv(wanted, out_dir):
           "--output", os.path.join(out_dir, "tuned.json")]
 
 
-def run(out_dir, wanted=""):
+def run(out_dir, wanted="", sustained_s=0.0):
   """The FP8 section: every case (or the names in `wanted`, e.g. "masked-1x1024-4096-7168,recipe"), printed and
-  written to out_dir/bench_fp8.json."""
+  written to out_dir/bench_fp8.json; sustained_s > 0: the recipe's cases also sustained (bench_recipe)."""
   results = []
   for name, layout, g, rows, n, k in cases(wanted):
     print(f"benchmarking {name}", flush=True)
@@ -292,7 +313,7 @@ def run(out_dir, wanted=""):
     for case in bench.CASES:
       if case[0] in RECIPE_CASES:
         print(f"benchmarking recipe {case[0]}", flush=True)
-        recipe.append(bench_recipe(*case))
+        recipe.append(bench_recipe(*case, sustained_s=sustained_s))
   _print(results, recipe)
   with open(os.path.join(out_dir, "bench_fp8.json"), "w") as f:
     json.dump({"device": jax.devices()[0].device_kind, "results": results, "recipe": recipe}, f, indent=1)

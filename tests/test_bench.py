@@ -2,8 +2,8 @@
 model level lowers the layer with the tables and with the heuristic only (cross-lowered for sm_90 on the CPU); a
 jgmm.bench_hetero FP8 case on the CPU (tiny shapes, one short timing batch); jgmm.timing.chain keeps every run, and
 jgmm.bench_fp8 times its products through it; `jgmm.bench --fp8 --tune` tunes the keys its products select; the
-FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group"),
-beside gmm (tiny, CPU);
+FP8 recipe's case times fp8_gmm with the weights quantised in the call and ahead (also with wgrad_scale="group")
+beside gmm (tiny, CPU), interleaved and, with --sustained, back to back;
 bench.fwd_bwd's forward and backward for a given output cotangent; jgmm.timing.kernel_ms sums a call's matching
 kernels (GPU) and raises where none is recorded (CPU); bench_fp8 prints the whole calls' and the kernels' tables;
 jgmm.timing's interleaved and sustained runs and the bench's sustained table (CPU)."""
@@ -298,6 +298,33 @@ class Fp8BenchTuneTest(absltest.TestCase):
       bench_fp8._print([], [result])
     self.assertIn("recipe speedup weights ahead geomean", printed.getvalue())
     self.assertIn("recipe speedup weights ahead wgrad group geomean", printed.getvalue())
+
+  def test_recipe_case_sustained_times_each_run_back_to_back_and_prints_a_second_table(self):
+    fast = functools.partial(timing.sustained_runs, settle_s=0.0, rest_s=0.0)
+    with mock.patch.object(timing, "sustained_runs", side_effect=fast) as sustained:
+      result = bench_fp8.bench_recipe("tiny", 256, 256, 128, 2, sustained_s=0.02)
+    self.assertEqual(set(sustained.call_args.args[0]), set(result["fwd_bwd_ms"]))
+    ms = result["fwd_bwd_sustained_ms"]
+    self.assertEqual(set(ms), set(result["fwd_bwd_ms"]))
+    self.assertTrue(all(t > 0 for t in ms.values()), ms)
+    self.assertAlmostEqual(result["sustained_speedup_weights_ahead"], ms["gmm_bf16"] / ms["fp8_gmm_weights_ahead"])
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
+      bench_fp8._print([], [result])
+    text = printed.getvalue()
+    self.assertIn("(interleaved)", text)
+    self.assertIn("(sustained: each back to back", text)
+    self.assertIn("recipe sustained speedup weights ahead geomean", text)
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as printed:
+      bench_fp8._print([], [{key: x for key, x in result.items() if "sustained" not in key}])
+    self.assertNotIn("sustained", printed.getvalue())
+
+  def test_bench_fp8_passes_sustained_seconds_to_the_recipe(self):
+    out = self.enter_context(tempfile.TemporaryDirectory())
+    gpu = mock.Mock(platform="gpu", device_kind="a GPU")
+    with mock.patch.object(jax, "devices", return_value=[gpu]), mock.patch.object(bench_fp8, "run") as run, \
+         mock.patch("sys.stdout", new_callable=io.StringIO):
+      bench.main(["--fp8", "--cases", "recipe", "--sustained", "2.5", "--out", out])
+    run.assert_called_once_with(out, "recipe", 2.5)
 
   def test_a_product_case_prints_the_whole_calls_and_the_kernels_alone(self):
     """Both tables printed; the kernels' times where a GPU records them (on the CPU: n/a, and the reason)."""
