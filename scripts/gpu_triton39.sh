@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, once every .whl/partN of scripts/carry_wheels.sh has been carried there:
 # join the split wheels, check them against SHA256SUMS, install them into /tmp/site (first on PYTHONPATH, so they
-# shadow the image's triton / jax), then the GPU tests (a selection) and a short benchmark under them.
+# shadow the image's triton / jax), then the GPU tests and a short benchmark under them.
 #   bash scripts/gpu_triton39.sh [FOLDER]         FOLDER: where the parts were carried (default .whl)
 #   PYTEST_ARGS=... CASES=a,b STEPS=tests|bench bash scripts/gpu_triton39.sh   (PYTEST_ARGS: words without spaces,
 #   as scripts/gpu.sh splits them; default -x: the whole suite, the fuzz tests too (32 in 33 s on an H200, session
