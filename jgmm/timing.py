@@ -49,10 +49,10 @@ def chain_runs(floor_ms, target_ms=0.5, most=32):
   return min(most, max(1, math.ceil(target_ms / max(floor_ms, 1e-9))))
 
 
-def traced_kernels(call, calls=1):
-  """[(name, ms)] of the GPU kernels that `calls` calls of call() (each waiting for its work) ran, in the order they
-  started, from JAX's profiler (CUPTI: every kernel of the process, torch's too; none on a CPU). call must be
-  compiled already (a compile's kernels would be traced)."""
+def traced_events(call, calls=1):
+  """[(start_ns, end_ns, name)] of the GPU kernels that `calls` calls of call() (each waiting for its work) ran, in
+  the order they started, from JAX's profiler (CUPTI: every kernel of the process, torch's too; none on a CPU). call
+  must be compiled already (a compile's kernels would be traced)."""
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir)
     try:
@@ -61,9 +61,14 @@ def traced_kernels(call, calls=1):
     finally:
       jax.profiler.stop_trace()
     data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
-  events = sorted((event.start_ns, event.name, event.duration_ns / 1e6) for plane in data.planes
+  events = sorted((event.start_ns, event.name, event.duration_ns) for plane in data.planes
                   if plane.name.startswith("/device:") for line in plane.lines for event in line.events)
-  return [(name, ms) for _, name, ms in events]
+  return [(start, start + duration, name) for start, name, duration in events]
+
+
+def traced_kernels(call, calls=1):
+  """[(name, ms)] of traced_events' kernels."""
+  return [(name, (end - start) / 1e6) for start, end, name in traced_events(call, calls)]
 
 
 def kernel_ms(fn, sync, kernel, launches=5, flush_bytes=256 << 20):

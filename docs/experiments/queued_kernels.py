@@ -12,9 +12,7 @@ kernel's start to last kernel's end), the kernels' summed time a call, the idle 
 mean time a call (recipe_kernels.py times each once, cold, at the clock an idle GPU starts with).
 """
 import collections
-import glob
 import sys
-import tempfile
 import time
 
 import jax
@@ -24,30 +22,26 @@ from jgmm import bench, timing
 
 MODE = sys.argv[1]
 CASES = ("dsv3-ep8-gateup", "dsv3-ep8-down") if MODE == "recipe" else tuple(sys.argv[2].split(","))
-CALLS = int(sys.argv[2 if MODE == "recipe" else 3]) if len(sys.argv) > (2 if MODE == "recipe" else 3) else 20
-
-
-def device_events(trace_dir):
-  """[(start_ns, end_ns, name)] of the trace's GPU kernels, by start."""
-  data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
-  return sorted((e.start_ns, e.start_ns + e.duration_ns, e.name) for plane in data.planes
-                if plane.name.startswith("/device:") for line in plane.lines for e in line.events)
+REST = sys.argv[2:] if MODE == "recipe" else sys.argv[3:]
+CALLS = int(REST[0]) if REST else 20
 
 
 def profile(call):
-  """(wall ms a call, span ms a call, kernel ms a call, {kernel: mean ms a call}) of CALLS queued calls."""
+  """(wall ms a call, span ms a call, kernel ms a call, {kernel: mean ms a call}) of CALLS queued calls (one
+  sync, timing.traced_events)."""
   start = time.perf_counter()
   while time.perf_counter() - start < 1.0:
     out = call()
   timing.jax_sync(out)
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
+  wall = []
+
+  def queued():
     start = time.perf_counter()
     outs = [call() for _ in range(CALLS)]
     timing.jax_sync(outs[-1])
-    wall = time.perf_counter() - start
-    jax.profiler.stop_trace()
-    events = device_events(trace_dir)
+    wall.append(time.perf_counter() - start)
+
+  events = timing.traced_events(queued)
   if not events:
     sys.exit("no GPU kernel was traced: this script needs a GPU")
   span = (max(end for _, end, _ in events) - events[0][0]) / 1e6
@@ -55,7 +49,7 @@ def profile(call):
   per_kernel = collections.defaultdict(float)
   for begin, end, name in events:
     per_kernel[name[:60]] += (end - begin) / 1e6 / CALLS
-  return wall * 1e3 / CALLS, span / CALLS, busy / CALLS, per_kernel
+  return wall[0] * 1e3 / CALLS, span / CALLS, busy / CALLS, per_kernel
 
 
 def calls(inp):
