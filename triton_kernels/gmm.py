@@ -137,27 +137,27 @@ def _zero_tile(ptr, row0, row_end, n0, row_stride: tl.constexpr, half_offset, BL
 @triton.jit
 def group_table(bounds_ptr, G: tl.constexpr, G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr):
   """gmm's register-resident group table from bounds (G + 1,): per group id (G_POW2 lanes, >= G and >= 32:
-  geometry.group_table_lanes) its first row, rows, tiles (row tiles x N_TILES) and tiles of groups 0..g inclusive;
-  and the number of group tiles."""
+  geometry.group_table_lanes; lanes past G hold no tiles) its tiles (row tiles x N_TILES) and the tiles of groups
+  0..g inclusive; and the number of group tiles."""
   group = tl.arange(0, G_POW2)
   in_table = group < G
   starts = tl.load(bounds_ptr + group, mask=in_table, other=0)
   rows = tl.load(bounds_ptr + group + 1, mask=in_table, other=0) - starts
   group_tiles = tl.cdiv(rows, BLOCK_M) * N_TILES
   tiles_end = tl.cumsum(group_tiles, axis=0)
-  return group, starts, rows, group_tiles, tiles_end, tl.sum(group_tiles, axis=0)
+  return group_tiles, tiles_end, tl.sum(group_tiles, axis=0)
 
 
 @triton.jit
-def group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr,
+def group_tile(tile, bounds_ptr, group_tiles, tiles_end, BLOCK_M: tl.constexpr, N_TILES: tl.constexpr,
                GROUP_M: tl.constexpr):
-  """(g, first row of g, rows of g, row tile, column tile) of group tile `tile`, found in the group table with a
-  few vector reductions."""
-  g = tl.sum((tiles_end <= tile).to(tl.int32), axis=0)
-  this_group = group == g
-  row_start = tl.sum(tl.where(this_group, starts, 0), axis=0)
-  m_g = tl.sum(tl.where(this_group, rows, 0), axis=0)
-  first_tile = tl.sum(tl.where(this_group, tiles_end - group_tiles, 0), axis=0)
+  """(g, first row of g, rows of g, row tile, column tile) of group tile `tile`: g and its first tile are the count
+  and the tiles of the groups whose tiles end at or before it (two reductions), its rows two loads of bounds."""
+  before = tiles_end <= tile
+  g = tl.sum(before.to(tl.int32), axis=0)
+  first_tile = tl.sum(tl.where(before, group_tiles, 0), axis=0)
+  row_start = tl.load(bounds_ptr + g)
+  m_g = tl.load(bounds_ptr + g + 1) - row_start
   mi, ni = tile_coords(tile - first_tile, tl.cdiv(m_g, BLOCK_M), N_TILES, GROUP_M)
   return g, row_start, m_g, mi, ni
 
@@ -215,7 +215,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
   (not with ACCUMULATE, which keeps those rows of existing; h gets zeros there either way). Program p takes
   tiles p, p + P, p + 2P, ... (P programs): one or a few per SM (persistent) or one per tile of the bound
   cdiv(M, BLOCK_M) + G + 1 (non-persistent). Each program keeps the group table (G_POW2 >= G entries) in
-  registers and finds a tile's group with a few vector reductions, so the tile loop and the K loop fuse
+  registers and finds a tile's group with two vector reductions (group_tile), so the tile loop and the K loop fuse
   into one loop that the compiler pipelines across tiles (the next tile's loads overlap this tile's
   epilogue). lhs_desc/rhs_desc: see the module docstring. existing_ptr aliases out_ptr when ACCUMULATE;
   bias_ptr/existing_ptr/h_ptr/rhs_half_desc are unused placeholders when their flag is off. TMA_STORE (with
@@ -226,7 +226,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
   rhs_half_desc (rhs_desc's view, boxes BLOCK_N / 2 columns wide).
   """
   N_TILES: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
-  group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
+  group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
 
   if TMA_STORE:
     out_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 2)
@@ -240,14 +240,14 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
     if 2 * (num_tiles % num_programs) <= num_programs:
       kept = num_tiles - num_tiles % num_programs
   for tile in tl.range(pid, kept, num_programs, flatten=True):
-    g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
+    g, row_start, m_g, mi, ni = group_tile(tile, bounds_ptr, group_tiles, tiles_end, BLOCK_M, N_TILES,
                                            GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)
   if TAIL_SPLIT:
     if pid < 2 * (num_tiles - kept):
-      g, row_start, m_g, mi, ni = group_tile(kept + pid // 2, group, starts, rows, group_tiles, tiles_end, BLOCK_M,
+      g, row_start, m_g, mi, ni = group_tile(kept + pid // 2, bounds_ptr, group_tiles, tiles_end, BLOCK_M,
                                              N_TILES, GROUP_M)
       if TMA_STORE:
         out_half_desc = group_rows_descriptor(out_ptr, N_OUT, BLOCK_M, BLOCK_N // 4)

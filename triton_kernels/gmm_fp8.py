@@ -149,7 +149,7 @@ def gmm_fp8_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, lhs_scale_p
   and [bounds[G], M).
   """
   N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-  group, starts, rows, group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
+  group_tiles, tiles_end, num_tiles = group_table(bounds_ptr, G, G_POW2, BLOCK_M, N_TILES)
   first_row = tl.load(bounds_ptr)
   last_row = tl.load(bounds_ptr + G)
   zero_tiles = (tl.cdiv(first_row, BLOCK_M) + tl.cdiv(M - last_row, BLOCK_M)) * N_TILES
@@ -157,8 +157,7 @@ def gmm_fp8_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, bounds_ptr, lhs_scale_p
   num_programs = tl.num_programs(0)
   for tile in range(tl.program_id(0), num_tiles + zero_tiles, num_programs):
     if tile < num_tiles:
-      g, row_start, m_g, mi, ni = group_tile(tile, group, starts, rows, group_tiles, tiles_end, BLOCK_M, N_TILES,
-                                             GROUP_M)
+      g, row_start, m_g, mi, ni = group_tile(tile, bounds_ptr, group_tiles, tiles_end, BLOCK_M, N_TILES, GROUP_M)
       m_left = m_g - mi * BLOCK_M
       _fp8_tile(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, lhs_scale_ptr, rhs_scale_ptr, out_ptr, g,
                 row_start.to(tl.int64) + mi * BLOCK_M, m_left, m_left, ni * BLOCK_N, K, N, BLOCK_M, BLOCK_N, BLOCK_K,
