@@ -240,8 +240,7 @@ def gmm_kernel(lhs_ptr, rhs_ptr, lhs_desc, rhs_desc, rhs_half_desc, bounds_ptr, 
     if 2 * (num_tiles % num_programs) <= num_programs:
       kept = num_tiles - num_tiles % num_programs
   for tile in tl.range(pid, kept, num_programs, flatten=True):
-    g, row_start, m_g, mi, ni = group_tile(tile, bounds_ptr, group_tiles, tiles_end, BLOCK_M, N_TILES,
-                                           GROUP_M)
+    g, row_start, m_g, mi, ni = group_tile(tile, bounds_ptr, group_tiles, tiles_end, BLOCK_M, N_TILES, GROUP_M)
     gmm_tile(lhs_ptr, rhs_ptr, bias_ptr, existing_ptr, out_ptr, h_ptr, lhs_desc, rhs_desc, out_desc,
              g, row_start, m_g, m_g, mi, ni, K, N, N_OUT, BLOCK_M, BLOCK_N, BLOCK_K,
              TRANSPOSE_RHS, HAS_BIAS, ACCUMULATE, ACTIVATION, SAVE_PRE, USE_TMA, TMA_STORE, DOT_PRECISION)

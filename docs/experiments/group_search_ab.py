@@ -23,20 +23,19 @@ from unittest import mock
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jgmm
 from jgmm import backend_triton, config_table
 from jgmm.bench import CASES, Inputs, fwd_bwd
 from jgmm.ops import group_bounds
-from jgmm.timing import jax_sync
 from jgmm.triton_kernels import gmm as gmm_kernels
-from table_ab import timed  # docs/experiments/table_ab.py, beside this file
+from table_ab import patched_variants, timed  # docs/experiments/table_ab.py, beside this file
 
 BEFORE = "5391ddd"  # The last commit with the four-reduction search.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.cache
 def before_kernel():
   """gmm_kernel of triton_kernels/gmm.py at BEFORE, imported as its own module (Triton reads its source file)."""
   source = subprocess.run(["git", "-C", ROOT, "show", f"{BEFORE}:triton_kernels/gmm.py"], capture_output=True,
@@ -53,14 +52,7 @@ def before_kernel():
 def variants(make):
   """{"before": (f, sync), "built": (f, sync)}: make() -> f (a jitted call on fixed inputs) traced and compiled with
   each kernel (outputs checked equal)."""
-  fns, outs = {}, {}
-  for name, kernel in (("before", before_kernel()), ("built", gmm_kernels.gmm_kernel)):
-    with mock.patch.object(gmm_kernels, "gmm_kernel", kernel):
-      f = make()
-      outs[name] = jax.tree.map(lambda x: np.asarray(x, np.float32), f())
-    fns[name] = (f, jax_sync)
-  jax.tree.map(np.testing.assert_array_equal, outs["before"], outs["built"])
-  return fns
+  return patched_variants(make, gmm_kernels, "gmm_kernel", {"before": before_kernel(), "built": gmm_kernels.gmm_kernel})
 
 
 def product(transpose_rhs, config):
@@ -82,8 +74,8 @@ def time(mode, names):
       config = config_table.select(key, arch=device.arch, device_kind=device.kind).config
       if not config.warp_specialized:
         runs[op] = variants(lambda: functools.partial(product(transpose, config), *args))  # noqa: B023
-    whole = fwd_bwd(jgmm.gmm)
-    runs["fwd+bwd"] = variants(lambda: functools.partial(whole, inp.x, inp.w, inp.group_sizes, inp.dout))  # noqa: B023
+    runs["fwd+bwd"] = variants(  # A jitted call traced afresh under each kernel.
+        lambda: functools.partial(fwd_bwd(jgmm.gmm), inp.x, inp.w, inp.group_sizes, inp.dout))  # noqa: B023
     for what, fns in runs.items():
       ms = timed(mode, fns)
       print(f"| {name} | {what} | {ms['before']:.3f} | {ms['built']:.3f} | {ms['before'] / ms['built']:.3f} |",

@@ -15,7 +15,6 @@ gmm_kernel on 8 groups), interleaved.
 """
 import functools
 import sys
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -25,23 +24,15 @@ import jgmm
 from jgmm import backend_triton, bench, bench_hetero, config_table
 from jgmm.config import Config
 from jgmm.ops import group_bounds
-from jgmm.timing import jax_sync
 from jgmm.triton_kernels import geometry
-from table_ab import timed  # docs/experiments/table_ab.py, beside this file
+from table_ab import patched_variants, timed  # docs/experiments/table_ab.py, beside this file
 
 
 def narrow_and_wide(make):
   """{"narrow": (f, sync), "wide": (f, sync)}: make() -> f (a jitted call on fixed inputs), traced and compiled
   with next_pow2(G) lanes and with group_table_lanes' (the outputs checked equal)."""
-  fns, outs = {}, {}
-  for name in ("narrow", "wide"):
-    lanes = geometry.next_pow2 if name == "narrow" else geometry.group_table_lanes
-    with mock.patch.object(geometry, "group_table_lanes", lanes):
-      f = make()
-      outs[name] = jax.tree.map(lambda x: np.asarray(x, np.float32), f())
-    fns[name] = (f, jax_sync)
-  jax.tree.map(np.testing.assert_array_equal, outs["narrow"], outs["wide"])
-  return fns
+  return patched_variants(make, geometry, "group_table_lanes",
+                          {"narrow": geometry.next_pow2, "wide": geometry.group_table_lanes})
 
 
 def row(what, fns):

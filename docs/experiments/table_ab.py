@@ -11,9 +11,11 @@ import functools
 import os
 import statistics
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jgmm
 from jgmm import backend_triton, config_table
@@ -31,6 +33,21 @@ def timed(mode, fns):
     return {name: statistics.median(run.ms for run in runs)
             for name, runs in sustained_runs(fns, float(os.environ.get("SECONDS", 1)), rounds=3).items()}
   return time_interleaved(fns, min_batch_s=0.05, batches=9)
+
+
+def patched_variants(make, target, attribute, values):
+  """{name: (f, jax_sync)} for values {name: value}: make() -> f (a jitted call on fixed inputs) traced and compiled
+  with target.attribute patched to each value, the outputs checked equal bit for bit."""
+  fns, outs = {}, {}
+  for name, value in values.items():
+    with mock.patch.object(target, attribute, value):
+      f = make()
+      outs[name] = jax.tree.map(lambda x: np.asarray(x, np.float32), f())
+    fns[name] = (f, jax_sync)
+  first, *rest = outs.values()
+  for out in rest:
+    jax.tree.map(np.testing.assert_array_equal, first, out)
+  return fns
 
 
 def main():
