@@ -9,6 +9,7 @@ tables of 8 and 32 groups keep their barriers.
 
     python docs/experiments/group_search_ab.py sass          # CPU: both versions' SASS counts, both layouts
     python docs/experiments/group_search_ab.py time|sustained [CASE,...]   # GPU: SECONDS=1 for sustained
+    (the device's copy of the checkout has no .git: BEFORE_FILE=gmm_before.py, before_kernel says how)
 
 time/sustained: per bench case the table's gmm_kernel products (forward, d lhs; gmm_ws ones are skipped) on the
 case's inputs and the whole forward+backward of jgmm.gmm, before and as built, outputs checked equal bit for bit.
@@ -37,12 +38,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @functools.cache
 def before_kernel():
-  """gmm_kernel of triton_kernels/gmm.py at BEFORE, imported as its own module (Triton reads its source file)."""
-  source = subprocess.run(["git", "-C", ROOT, "show", f"{BEFORE}:triton_kernels/gmm.py"], capture_output=True,
-                          text=True, check=True).stdout
-  path = os.path.join(tempfile.mkdtemp(), "gmm_before.py")
-  with open(path, "w") as f:
-    f.write(source)
+  """gmm_kernel of triton_kernels/gmm.py at BEFORE, imported as its own module (Triton reads its source file):
+  from git, or where the checkout has no .git (the device machine's copy) from the file BEFORE_FILE names (made
+  here with `git show 5391ddd:triton_kernels/gmm.py > gmm_before.py`, an untracked file that travels)."""
+  path = os.environ.get("BEFORE_FILE")
+  if path is None:
+    path = os.path.join(tempfile.mkdtemp(), "gmm_before.py")
+    with open(path, "w") as f:
+      f.write(subprocess.run(["git", "-C", ROOT, "show", f"{BEFORE}:triton_kernels/gmm.py"], capture_output=True,
+                             text=True, check=True).stdout)
   spec = importlib.util.spec_from_file_location("gmm_before", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
