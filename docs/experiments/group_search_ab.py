@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 
 import jgmm
-from jgmm import backend_triton, config_table
+from jgmm import backend_triton
 from jgmm.bench import CASES, Inputs, fwd_bwd
 from jgmm.ops import group_bounds
 from jgmm.triton_kernels import gmm as gmm_kernels
-from table_ab import patched_variants, timed  # docs/experiments/table_ab.py, beside this file
+from table_ab import gmm_call, patched_variants, table_gmm_products, timed  # docs/experiments/table_ab.py
 
 BEFORE = "5391ddd"  # The last commit with the four-reduction search.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,8 +60,7 @@ def variants(make):
 
 
 def product(transpose_rhs, config):
-  return jax.jit(functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=transpose_rhs,
-                                   out_dtype=jnp.bfloat16, activation=None, save_preactivation=False, config=config))
+  return jax.jit(functools.partial(gmm_call(transpose_rhs), config=config))
 
 
 def time(mode, names):
@@ -72,12 +71,9 @@ def time(mode, names):
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
     runs = {}
-    for op, (kk, nn), args, transpose in (("gmm", (k, n), (inp.x, inp.w, bounds), False),
-                                          ("gmm_t", (n, k), (inp.dout, inp.w, bounds), True)):
-      key = config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=transpose)
-      config = config_table.select(key, arch=device.arch, device_kind=device.kind).config
+    for what, op, args, _, _, config in table_gmm_products(inp, bounds, m, k, n, g, device):
       if not config.warp_specialized:
-        runs[op] = variants(lambda: functools.partial(product(transpose, config), *args))  # noqa: B023
+        runs[what] = variants(lambda: functools.partial(product(op == "gmm_t", config), *args))  # noqa: B023
     runs["fwd+bwd"] = variants(  # A jitted call traced afresh under each kernel.
         lambda: functools.partial(fwd_bwd(jgmm.gmm), inp.x, inp.w, inp.group_sizes, inp.dout))  # noqa: B023
     for what, fns in runs.items():

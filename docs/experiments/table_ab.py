@@ -35,6 +35,22 @@ def timed(mode, fns):
   return time_interleaved(fns, min_batch_s=0.05, batches=9)
 
 
+def gmm_call(transpose_rhs):
+  """backend_triton.gmm as the benchmark's bf16 products run it (the forward, or the d lhs with transpose_rhs), its
+  config left to pass."""
+  return functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=transpose_rhs,
+                           out_dtype=jnp.bfloat16, activation=None, save_preactivation=False)
+
+
+def table_gmm_products(inp, bounds, m, k, n, g, device):
+  """(product, op, args, K, N, config) of a bench case's forward ("fwd", gmm, lhs x) and d lhs ("dlhs", gmm_t, lhs
+  dout), config the one config_table.select gives their key on `device`."""
+  for product, op, lhs, kk, nn in (("fwd", "gmm", inp.x, k, n), ("dlhs", "gmm_t", inp.dout, n, k)):
+    key = config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=op == "gmm_t")
+    yield (product, op, (lhs, inp.w, bounds), kk, nn,
+           config_table.select(key, arch=device.arch, device_kind=device.kind).config)
+
+
 def patched_variants(make, target, attribute, values):
   """{name: (f, jax_sync)} for values {name: value}: make() -> f (a jitted call on fixed inputs) traced and compiled
   with target.attribute patched to each value, the outputs checked equal bit for bit."""
@@ -62,12 +78,8 @@ def main():
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
     products = {
-        "gmm": ((k, n), (inp.x, inp.w, bounds), functools.partial(
-            backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=False, out_dtype=jnp.bfloat16,
-            activation=None, save_preactivation=False)),
-        "gmm_t": ((n, k), (inp.dout, inp.w, bounds), functools.partial(
-            backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=True, out_dtype=jnp.bfloat16,
-            activation=None, save_preactivation=False)),
+        "gmm": ((k, n), (inp.x, inp.w, bounds), gmm_call(False)),
+        "gmm_t": ((n, k), (inp.dout, inp.w, bounds), gmm_call(True)),
         "tgmm": ((k, n), (inp.x, inp.dout, bounds), functools.partial(
             backend_triton.tgmm, existing_out=None, transpose_lhs=True, out_dtype=jnp.bfloat16, bias_grad=False)),
     }

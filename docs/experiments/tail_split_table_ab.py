@@ -15,11 +15,11 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jgmm import backend_triton, config_table
+from jgmm import backend_triton
 from jgmm.bench import CASES, Inputs, speed_of_light_ms
 from jgmm.ops import group_bounds
 from jgmm.timing import jax_sync
-from table_ab import timed  # docs/experiments/table_ab.py, beside this file
+from table_ab import gmm_call, table_gmm_products, timed  # docs/experiments/table_ab.py, beside this file
 
 
 def main():
@@ -31,15 +31,11 @@ def main():
   for name, m, k, n, g in (c for c in CASES if c[0] in names):
     inp = Inputs(m, k, n, g)
     bounds = group_bounds(jnp.asarray(inp.sizes), None, g, m)
-    for product, op, lhs, kk, nn in (("fwd", "gmm", inp.x, k, n), ("dlhs", "gmm_t", inp.dout, n, k)):
-      key = config_table.make_key(op, "bfloat16", "bfloat16", m / g, kk, nn, g, transpose=op == "gmm_t")
-      config = config_table.select(key, arch=device.arch, device_kind=device.kind).config
+    for product, op, args, kk, nn, config in table_gmm_products(inp, bounds, m, k, n, g, device):
       if config is None or config.block_n < 128 or not config.persistent or config.cluster_size > 1:
         continue
-      call = functools.partial(backend_triton.gmm, bias=None, existing_out=None, transpose_rhs=op == "gmm_t",
-                               out_dtype=jnp.bfloat16, activation=None, save_preactivation=False)
-      fns = {split: (functools.partial(jax.jit(functools.partial(call, config=dataclasses.replace(
-          config, tail_split=split))), lhs, inp.w, bounds), jax_sync) for split in (False, True)}
+      fns = {split: (functools.partial(jax.jit(functools.partial(gmm_call(op == "gmm_t"), config=dataclasses.replace(
+          config, tail_split=split))), *args), jax_sync) for split in (False, True)}
       ms = timed(mode, fns)
       kernel = "gmm_ws" if config.warp_specialized else "gmm_kernel"
       print(f"| {name} | {product} | {kernel} | {ms[False]:.3f} | {ms[True]:.3f} | "
